@@ -1,0 +1,214 @@
+//! A workload the integration tests drive over stdin/stdout, so that the tracer's window can be
+//! bracketed exactly: every thread is parked (blocked) whenever the test reads /proc, and all
+//! the activity happens between "go" and "done".
+//!
+//! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS
+//! Prints `ready pid=P tids=T1,T2,...`, then for each `go` line on stdin runs the scenario once
+//! and prints `done ...`. Exits at end of input.
+
+use std::{
+    io::{BufRead, Write},
+    sync::{Arc, Barrier, Condvar, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+fn gettid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it; pid 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn spin_for(d: Duration) {
+    let until = Instant::now() + d;
+    let mut x = 1u64;
+    while Instant::now() < until {
+        for _ in 0..200 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+        }
+        std::hint::black_box(x);
+    }
+}
+
+/// The calling thread's own counters, from /proc/thread-self.
+fn own_counts() -> (u64, u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let sched = std::fs::read_to_string("/proc/thread-self/sched").unwrap_or_default();
+    let migrations = sched
+        .lines()
+        .find(|l| l.starts_with("se.nr_migrations"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+        migrations,
+    )
+}
+
+/// A gate threads park on between rounds.
+struct Gate {
+    round: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn wait_past(&self, seen: u64) -> u64 {
+        let mut r = self.round.lock().unwrap();
+        while *r == seen {
+            r = self.cv.wait(r).unwrap();
+        }
+        *r
+    }
+    fn open(&self) {
+        *self.round.lock().unwrap() += 1;
+        self.cv.notify_all();
+    }
+}
+
+/// Work with every kind of switch: sleeps (voluntary), yields (involuntary), and a change of
+/// affinity every so often (migrations).
+fn mixed_round(index: usize) {
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    for i in 0..150 {
+        spin_for(Duration::from_micros(200));
+        thread::sleep(Duration::from_micros(300));
+        if i % 10 == 0 {
+            // SAFETY: sched_yield has no arguments.
+            unsafe { libc::sched_yield() };
+        }
+        if i % 50 == 25 && cpus > 1 {
+            pin_to((index + i / 50) % cpus);
+        }
+    }
+    // Free again, so the next round starts from the same affinity.
+    // SAFETY: a zeroed set with every CPU added is valid.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in 0..cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().map(String::as_str).unwrap_or("mixed");
+    let gate = Arc::new(Gate {
+        round: Mutex::new(0),
+        cv: Condvar::new(),
+    });
+    let n = match scenario {
+        "mixed" => args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3),
+        "lifecycle" => 2,
+        "pinned" => 2,
+        other => panic!("unknown scenario {other}"),
+    };
+    let cpu: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let millis: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    // Each round, every worker passes this barrier when its work is done.
+    let done = Arc::new(Barrier::new(n + 1));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    for index in 0..n {
+        let gate = Arc::clone(&gate);
+        let done = Arc::clone(&done);
+        let tid_tx = tid_tx.clone();
+        let scenario = scenario.to_string();
+        thread::Builder::new()
+            .name(format!("load-{index}"))
+            .spawn(move || {
+                tid_tx.send(gettid()).unwrap();
+                let mut seen = 0;
+                loop {
+                    seen = gate.wait_past(seen);
+                    match scenario.as_str() {
+                        "mixed" => mixed_round(index),
+                        "pinned" => {
+                            pin_to(cpu);
+                            spin_for(Duration::from_millis(millis));
+                        }
+                        "lifecycle" if index == 0 => {
+                            // Work, report own counts, and exit inside the window.
+                            mixed_round(index);
+                            let (v, i, m) = own_counts();
+                            say(&format!(
+                                "exiting tid={} vol={v} invol={i} migr={m}",
+                                gettid()
+                            ));
+                            done.wait();
+                            return;
+                        }
+                        _ => mixed_round(index),
+                    }
+                    done.wait();
+                }
+            })
+            .unwrap();
+    }
+    let tids: Vec<String> = (0..n).map(|_| tid_rx.recv().unwrap().to_string()).collect();
+    say(&format!(
+        "ready pid={} tids={},{}",
+        std::process::id(),
+        gettid(),
+        tids.join(",")
+    ));
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim() != "go" {
+            continue;
+        }
+        let mut extra = String::new();
+        if scenario == "lifecycle" {
+            // A thread born inside the window that stays alive, parked.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let park = Arc::new(Barrier::new(2));
+            let park2 = Arc::clone(&park);
+            thread::Builder::new()
+                .name("born".into())
+                .spawn(move || {
+                    tx.send(gettid()).unwrap();
+                    mixed_round(1);
+                    park2.wait();
+                    // Stay alive and blocked until the process ends.
+                    loop {
+                        thread::park();
+                    }
+                })
+                .unwrap();
+            extra = format!(" born={}", rx.recv().unwrap());
+            gate.open();
+            done.wait();
+            park.wait();
+        } else {
+            gate.open();
+            done.wait();
+        }
+        say(&format!("done{extra}"));
+    }
+}

@@ -1,0 +1,350 @@
+//! Helpers for the integration tests: run the real `tracer` binary against real processes and
+//! read the kernel's own accounts from /proc to compare with.
+//!
+//! The tests need root (they load BPF programs) and the tracer binary built next to the test
+//! executables (`cargo xtask test` builds it first). They take a global lock: they share the
+//! machine's CPUs and the kernel's tracepoints, and timing-sensitive checks must not overlap.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read, Write},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Holds the machine for one test at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `target/<profile>/`, where cargo puts the workspace's binaries.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-binary>
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+pub fn tracer_bin() -> PathBuf {
+    let p = bin_dir().join("tracer");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (`cargo build -p tracer`, or run the suite with `cargo xtask test`)",
+        p.display()
+    );
+    p
+}
+
+pub fn testload_bin() -> PathBuf {
+    bin_dir().join("tracer-testload")
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests load BPF programs and must run as root (CI does; locally: `sudo -E cargo xtask test`)"
+    );
+}
+
+/// The test workload, driven line by line.
+pub struct Testload {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    pub pid: u32,
+    /// Main thread first, then the workers.
+    pub tids: Vec<u32>,
+}
+
+impl Testload {
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(testload_bin())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn tracer-testload");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut t = Self {
+            child,
+            stdin,
+            stdout,
+            pid: 0,
+            tids: vec![],
+        };
+        let ready = t.expect("ready");
+        t.pid = field(&ready, "pid").parse().expect("pid");
+        t.tids = field(&ready, "tids")
+            .split(',')
+            .map(|s| s.parse().expect("tid"))
+            .collect();
+        t
+    }
+
+    /// Reads lines until one starts with `prefix`; returns it.
+    pub fn expect(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("read testload");
+            assert!(n > 0, "testload ended before printing {prefix:?}");
+            if line.starts_with(prefix) {
+                return line.trim().to_string();
+            }
+        }
+    }
+
+    pub fn send(&mut self, cmd: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{cmd}").expect("write testload");
+        stdin.flush().expect("flush testload");
+    }
+
+    /// Waits until every thread is blocked, so a /proc snapshot is stable.
+    pub fn settle(&self) {
+        wait_all_sleeping(self.pid);
+    }
+}
+
+impl Drop for Testload {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `key=value` out of a line of words.
+pub fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .to_string()
+}
+
+/// Waits (up to 5 s) until every thread of `pid` is sleeping in two reads 20 ms apart.
+pub fn wait_all_sleeping(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let all_sleeping = || {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        dir.flatten().all(|e| {
+            std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .map(|r| r.trim_start().starts_with('S'))
+                })
+                .unwrap_or(true)
+        })
+    };
+    while Instant::now() < deadline {
+        if all_sleeping() {
+            std::thread::sleep(Duration::from_millis(20));
+            if all_sleeping() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("threads of {pid} did not settle");
+}
+
+/// One thread's counters as the kernel keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounts {
+    pub voluntary: u64,
+    pub involuntary: u64,
+    pub migrations: u64,
+    /// schedstat: time on CPU, time waiting on a run queue (ns).
+    pub oncpu_ns: u64,
+    pub run_delay_ns: u64,
+}
+
+pub fn kernel_counts(pid: u32, tid: u32) -> Option<KernelCounts> {
+    let base = format!("/proc/{pid}/task/{tid}");
+    let status = std::fs::read_to_string(format!("{base}/status")).ok()?;
+    let sched = std::fs::read_to_string(format!("{base}/sched")).ok()?;
+    let schedstat = std::fs::read_to_string(format!("{base}/schedstat")).ok()?;
+    let status_field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("status field")
+    };
+    let migrations = sched
+        .lines()
+        .find(|l| l.starts_with("se.nr_migrations"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse().ok())?;
+    let mut ss = schedstat.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some(KernelCounts {
+        voluntary: status_field("voluntary_ctxt_switches:"),
+        involuntary: status_field("nonvoluntary_ctxt_switches:"),
+        migrations,
+        oncpu_ns: ss.next()??,
+        run_delay_ns: ss.next()??,
+    })
+}
+
+/// Counters of every thread of `pid`.
+pub fn snapshot(pid: u32) -> BTreeMap<u32, KernelCounts> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|tid| Some((tid, kernel_counts(pid, tid)?)))
+        .collect()
+}
+
+impl std::ops::Sub for KernelCounts {
+    type Output = KernelCounts;
+    fn sub(self, b: KernelCounts) -> KernelCounts {
+        KernelCounts {
+            voluntary: self.voluntary - b.voluntary,
+            involuntary: self.involuntary - b.involuntary,
+            migrations: self.migrations - b.migrations,
+            oncpu_ns: self.oncpu_ns - b.oncpu_ns,
+            run_delay_ns: self.run_delay_ns - b.run_delay_ns,
+        }
+    }
+}
+
+/// A running `tracer` process.
+pub struct Tracer {
+    pub child: Child,
+    /// stderr up to the "recording" notice.
+    stderr_head: String,
+    /// Reads the rest of stderr, so the tracer never blocks on a full pipe.
+    stderr_rest: std::thread::JoinHandle<String>,
+}
+
+/// What a finished tracer printed.
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+impl Tracer {
+    /// Starts `tracer ARGS` and waits until it says it is recording.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(tracer_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tracer");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = stderr.read_line(&mut line).expect("read tracer stderr");
+            if n == 0 {
+                let out = child.wait_with_output().expect("tracer output");
+                panic!(
+                    "tracer exited before recording ({}): {}\n{}",
+                    out.status,
+                    lines.join(""),
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            lines.push(line.clone());
+            if line.contains("recording PID") {
+                break;
+            }
+        }
+        let stderr_rest = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+            rest
+        });
+        Self {
+            child,
+            stderr_head: lines.concat(),
+            stderr_rest,
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for the tracer to exit (at most `limit`).
+    pub fn finish(mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait tracer") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("tracer did not finish within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stdout = String::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            out.read_to_string(&mut stdout).expect("read stdout");
+        }
+        let rest = self.stderr_rest.join().unwrap_or_default();
+        Finished {
+            status,
+            stdout,
+            stderr: self.stderr_head + &rest,
+        }
+    }
+}
+
+/// Runs `tracer ARGS` to completion.
+pub fn run_tracer(args: &[&str]) -> Finished {
+    let out = Command::new(tracer_bin())
+        .args(args)
+        .output()
+        .expect("run tracer");
+    Finished {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The thread entry of `tid` in a summary document.
+pub fn thread_json(doc: &serde_json::Value, tid: u32) -> &serde_json::Value {
+    doc["threads"]
+        .as_array()
+        .expect("threads[]")
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("tid {tid} not in the summary"))
+}
+
+pub fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned number: {v}"))
+}

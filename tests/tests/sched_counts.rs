@@ -1,0 +1,151 @@
+//! The eBPF per-thread counts against the kernel's own counters, over a window in which every
+//! switch of the target happens between two /proc snapshots.
+//!
+//! Tolerance: exact for voluntary / involuntary switches and migrations. Both sides count the
+//! same kernel events (`nvcsw` / `nivcsw` in `__schedule`, `nr_migrations` in `set_task_cpu`),
+//! and the workload is parked (blocked, not switching) whenever /proc is read, so nothing falls
+//! between the snapshots and the recording window.
+
+use std::time::Duration;
+
+use tracer_tests::{
+    KernelCounts, Testload, Tracer, require_root, serial, snapshot, thread_json, u,
+};
+
+/// Records one round of the `mixed` scenario and returns (tracer JSON, /proc deltas per TID).
+fn record_mixed(extra: &[&str]) -> (serde_json::Value, Vec<(u32, KernelCounts)>, Testload) {
+    let mut load = Testload::spawn(&["mixed", "3"]);
+    load.settle();
+    let pid = load.pid.to_string();
+    let mut args = vec!["attach", "--pid", &pid, "--duration", "60s", "--json"];
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
+    load.settle();
+    let before = snapshot(load.pid);
+    load.send("go");
+    load.expect("done");
+    load.settle();
+    let after = snapshot(load.pid);
+    // Ctrl-C ends the recording early; the summary must still be complete.
+    tracer.signal(libc::SIGINT);
+    let out = tracer.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "tracer failed: {}", out.stderr);
+    let doc = out.json();
+    assert_eq!(doc["end_reason"], "interrupted");
+    let deltas = after
+        .iter()
+        .map(|(tid, a)| (*tid, *a - before[tid]))
+        .collect();
+    (doc, deltas, load)
+}
+
+fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
+    let mut activity = 0;
+    for (tid, d) in deltas {
+        let t = thread_json(doc, *tid);
+        let got = (
+            u(&t["voluntary_switches"]),
+            u(&t["involuntary_switches"]),
+            u(&t["migrations"]),
+        );
+        assert_eq!(
+            got,
+            (d.voluntary, d.involuntary, d.migrations),
+            "tid {tid}: tracer (vol, invol, migr) vs /proc delta"
+        );
+        activity += d.voluntary + d.involuntary;
+    }
+    // The scenario really switched a lot: 3 workers x 150 sleeps, plus yields.
+    assert!(activity > 450, "too little activity to compare: {activity}");
+    let migrations: u64 = deltas.iter().map(|(_, d)| d.migrations).sum();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(
+            migrations > 0,
+            "the scenario changes affinity: expected migrations"
+        );
+    }
+}
+
+#[test]
+fn tp_btf_counts_equal_the_kernels() {
+    let _guard = serial();
+    require_root();
+    let (doc, deltas, _load) = record_mixed(&[]);
+    assert_eq!(doc["probe_mode"], "tp_btf");
+    assert_exact(&doc, &deltas);
+}
+
+#[test]
+fn classic_fallback_counts_equal_the_kernels() {
+    let _guard = serial();
+    require_root();
+    // A kernel without BTF, simulated: the tracer must fall back to classic tracepoints.
+    let (doc, deltas, _load) = record_mixed(&["--btf", "/nonexistent/vmlinux"]);
+    assert_eq!(doc["probe_mode"], "classic");
+    assert!(
+        doc["probe_fallback_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("/nonexistent/vmlinux")),
+        "{}",
+        doc["probe_fallback_reason"]
+    );
+    assert_exact(&doc, &deltas);
+}
+
+#[test]
+fn json_carries_the_documented_fields_and_only_the_target() {
+    let _guard = serial();
+    require_root();
+    let (doc, deltas, load) = record_mixed(&[]);
+    for key in [
+        "pid",
+        "duration_ns",
+        "threads",
+        "preemptors",
+        "dropped_events",
+    ] {
+        assert!(doc.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(u(&doc["pid"]), load.pid as u64);
+    assert!(u(&doc["duration_ns"]) > 0);
+    let threads = doc["threads"].as_array().unwrap();
+    // Exactly the workload's threads: no idle task (TID 0), no other process.
+    let mut tids: Vec<u64> = threads.iter().map(|t| u(&t["tid"])).collect();
+    tids.sort();
+    let mut expected: Vec<u64> = deltas.iter().map(|(t, _)| *t as u64).collect();
+    expected.sort();
+    assert_eq!(tids, expected);
+    for t in threads {
+        for key in [
+            "tid",
+            "comm",
+            "voluntary_switches",
+            "involuntary_switches",
+            "migrations",
+            "oncpu_ns",
+            "runq_wait_ns",
+            "offcpu_ns",
+        ] {
+            assert!(t.get(key).is_some(), "thread missing {key}: {t}");
+        }
+        assert_eq!(
+            u(&t["offcpu_ns"]),
+            u(&t["runq_wait_ns"]) + u(&t["blocked_ns"])
+        );
+        // Every thread lived through the whole window: its states cover it.
+        let covered = u(&t["oncpu_ns"]) + u(&t["offcpu_ns"]);
+        let window = u(&doc["duration_ns"]);
+        assert!(
+            covered.abs_diff(window) <= window / 100,
+            "tid {}: states cover {covered} ns of a {window} ns window",
+            t["tid"]
+        );
+    }
+    for p in doc["preemptors"].as_array().unwrap() {
+        assert!(u(&p["pid"]) != 0, "the idle task is never a preemptor");
+        for key in ["pid", "comm", "wait_ns"] {
+            assert!(p.get(key).is_some(), "preemptor missing {key}: {p}");
+        }
+    }
+    assert_eq!(u(&doc["dropped_events"]), 0);
+}

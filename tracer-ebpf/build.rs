@@ -1,0 +1,7 @@
+//! Rebuild the eBPF object when bpf-linker changes: cargo cannot see that dependency itself.
+fn main() {
+    match which::which("bpf-linker") {
+        Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
+        Err(err) => println!("cargo:warning=bpf-linker not found ({err}); run `cargo xtask setup`"),
+    }
+}

@@ -1,0 +1,139 @@
+//! Classic tracepoints: the fallback where the kernel has no BTF. Record field offsets come from
+//! the tracefs `format` files through `CONFIG`. The records carry TIDs but no TGIDs, so target
+//! membership is a lookup in `TARGET_TIDS`, except for `current`, whose TGID a helper gives.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+
+use crate::{
+    maps::{TARGET_TIDS, config},
+    sched::{self, Comm, Switch},
+};
+
+/// `CLONE_THREAD` from include/uapi/linux/sched.h: the new task joins the parent's thread group.
+const CLONE_THREAD: u64 = 0x0001_0000;
+/// `TASK_REPORT_MAX` (include/linux/sched.h since 4.14): the classic sched_switch record sets
+/// this bit in `prev_state` when the task was preempted.
+const TASK_REPORT_MAX: u64 = 0x100;
+
+#[inline(always)]
+fn read_u32(ctx: &TracePointContext, off: u32) -> u32 {
+    unsafe { ctx.read_at::<u32>(off as usize) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn is_target_tid(tid: u32) -> bool {
+    tid != 0 && TARGET_TIDS.get_ptr(tid).is_some()
+}
+
+#[inline(always)]
+fn current_is_target() -> Option<u32> {
+    let cur = bpf_get_current_pid_tgid();
+    ((cur >> 32) as u32 == config!(target_tgid)).then_some(cur as u32)
+}
+
+#[inline(always)]
+fn field(ctx: &TracePointContext, off: u32) -> Comm {
+    Comm::At(unsafe { (ctx.as_ptr() as *const u8).add(off as usize) })
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
+    let prev = bpf_get_current_pid_tgid();
+    let prev_tgid = (prev >> 32) as u32;
+    let next_pid = read_u32(&ctx, config!(switch_next_pid_off));
+    let raw_state = if config!(switch_prev_state_size) == 8 {
+        unsafe { ctx.read_at::<u64>(config!(switch_prev_state_off) as usize) }.unwrap_or(0)
+    } else {
+        read_u32(&ctx, config!(switch_prev_state_off)) as u64
+    };
+    let prev_target = prev_tgid == config!(target_tgid);
+    let sw = Switch {
+        preempt: raw_state & TASK_REPORT_MAX != 0,
+        prev_state: raw_state & (TASK_REPORT_MAX - 1),
+        prev_pid: prev as u32,
+        prev_tgid,
+        prev_target,
+        next_pid,
+        next_target: is_target_tid(next_pid),
+        next_comm: field(&ctx, config!(switch_next_comm_off)),
+    };
+    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
+    if prev_target && is_dead(prev as u32) {
+        // The TID may be reused by another process: stop treating it as the target's.
+        let _ = TARGET_TIDS.remove(prev as u32);
+    }
+    0
+}
+
+#[inline(always)]
+fn is_dead(tid: u32) -> bool {
+    match crate::maps::THREADS.get_ptr(tid) {
+        Some(t) => unsafe { (*t).state == tracer_common::ThreadState::Dead as u32 },
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn wakeup(ctx: &TracePointContext, new: bool) {
+    let tid = read_u32(ctx, config!(wakeup_pid_off));
+    if !is_target_tid(tid) {
+        return;
+    }
+    let cpu = read_u32(ctx, config!(wakeup_cpu_off));
+    sched::on_wakeup(tid, cpu, new, field(ctx, config!(wakeup_comm_off)));
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup")]
+pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
+    wakeup(&ctx, false);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup_new")]
+pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
+    wakeup(&ctx, true);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_migrate_task")]
+pub fn sched_migrate_task_tp(ctx: TracePointContext) -> u32 {
+    let tid = read_u32(&ctx, config!(migrate_pid_off));
+    if !is_target_tid(tid) {
+        return 0;
+    }
+    let from = read_u32(&ctx, config!(migrate_orig_cpu_off));
+    let to = read_u32(&ctx, config!(migrate_dest_cpu_off));
+    // The record's comm is a __data_loc string; the name is filled in later from other events.
+    sched::on_migrate(tid, from, to, Comm::At(core::ptr::null()));
+    0
+}
+
+/// task_newtask runs in the parent, and its record has the clone flags, which say whether the
+/// new task is a thread of the parent's process (sched_process_fork's record does not).
+#[tracepoint(category = "task", name = "task_newtask")]
+pub fn task_newtask_tp(ctx: TracePointContext) -> u32 {
+    let Some(parent) = current_is_target() else {
+        return 0;
+    };
+    let flags = unsafe { ctx.read_at::<u64>(config!(newtask_flags_off) as usize) }.unwrap_or(0);
+    if flags & CLONE_THREAD == 0 {
+        return 0;
+    }
+    let tid = read_u32(&ctx, config!(newtask_pid_off));
+    let _ = TARGET_TIDS.insert(tid, 1, 0);
+    sched::on_thread_new(tid, parent, field(&ctx, config!(newtask_comm_off)));
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn sched_process_exit_tp(_ctx: TracePointContext) -> u32 {
+    if let Some(tid) = current_is_target() {
+        sched::on_thread_exit(tid);
+    }
+    0
+}

@@ -1,0 +1,33 @@
+//! The tracer's eBPF programs: scheduler tracepoints, filtered to one target process (TGID).
+//!
+//! Two families attach the same logic (`sched.rs`): BTF-typed tracepoints (`tp_btf.rs`, the
+//! default: cheaper, and free of the per-CPU recursion guard that classic tracepoints share) and
+//! classic tracepoints (`classic.rs`, only where the kernel has no BTF). The loader picks one.
+// Built for the bpfel target by tracer/build.rs. On the host (a workspace-wide `cargo build`
+// or `cargo clippy`) it compiles to an empty program, as in aya-template.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod classic;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod sched;
+#[cfg(target_arch = "bpf")]
+mod tp_btf;
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never called.
+    loop {}
+}
+
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

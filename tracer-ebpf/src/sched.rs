@@ -1,0 +1,427 @@
+//! Scheduler accounting shared by the tp_btf and the classic programs.
+//!
+//! Every target thread moves between Running, Runnable (waiting in a run queue) and Blocked. Each
+//! handler closes the interval of the state being left and adds it to the thread's totals. The
+//! rules follow the kernel's own counters (kernel/sched/core.c, `__schedule`): a switch-out is
+//! voluntary (`nvcsw`) when the task was not preempted and its state was not TASK_RUNNING, and
+//! involuntary (`nivcsw`) otherwise, which includes `sched_yield`; a migration (`nr_migrations`)
+//! is a change of CPU in `set_task_cpu`, whose tracepoint also fires when the CPU stays the same.
+
+use aya_ebpf::helpers::{
+    bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, generated,
+};
+use tracer_common::{
+    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXITED, MigrationKey,
+    Preemptor, ThreadState, ThreadStats, hist_slot,
+};
+
+use crate::maps::{
+    CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_TEMPLATE, THREADS, config, count, emit,
+};
+
+const BPF_NOEXIST: u64 = 1;
+const NO_CPU: u32 = u32::MAX;
+
+/// Where to take a task's name from.
+#[derive(Clone, Copy)]
+pub enum Comm {
+    /// The task is `current`.
+    Current,
+    /// A kernel address holding the 16-byte name (in a task_struct or a trace record).
+    At(*const u8),
+}
+
+fn read_comm(dst: &mut [u8; COMM_LEN], from: Comm) {
+    match from {
+        Comm::Current => unsafe {
+            generated::bpf_get_current_comm(dst.as_mut_ptr().cast(), COMM_LEN as u32);
+        },
+        Comm::At(src) => {
+            if !src.is_null() {
+                let _ = unsafe { bpf_probe_read_kernel_buf(src, dst) };
+            }
+        }
+    }
+}
+
+/// The thread's entry, created on first sight.
+#[inline(always)]
+fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
+    if let Some(t) = THREADS.get_ptr_mut(tid) {
+        return Some(unsafe { &mut *t });
+    }
+    let template = THREAD_TEMPLATE.get_ptr_mut(0)?;
+    // The template's histogram is never written, so it stays zero; every other field is set here.
+    let t = unsafe { &mut *template };
+    t.tid = tid;
+    t.tgid = tgid;
+    t.comm = [0; COMM_LEN];
+    read_comm(&mut t.comm, comm);
+    t.state = ThreadState::Unknown as u32;
+    t.first_state = ThreadState::Unknown as u32;
+    t.first_ts_ns = 0;
+    t.state_ts_ns = 0;
+    t.created_ts_ns = 0;
+    t.exited_ts_ns = 0;
+    t.voluntary_switches = 0;
+    t.involuntary_switches = 0;
+    t.migrations = 0;
+    t.wakeups = 0;
+    t.oncpu_ns = 0;
+    t.runq_wait_ns = 0;
+    t.blocked_ns = 0;
+    t.runq_waits = 0;
+    t.runq_wait_max_ns = 0;
+    t.wait_cpu = NO_CPU;
+    t.last_cpu = NO_CPU;
+    t.parent_tid = 0;
+    t.flags = 0;
+    // NOEXIST: if another CPU created it meanwhile, keep theirs. Passed by reference: by value
+    // it would be copied onto the stack first.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let inserted = THREADS.insert(tid, &*t, BPF_NOEXIST);
+    if inserted.is_err() && THREADS.get_ptr_mut(tid).is_none() {
+        count(Counter::ThreadMapFull);
+        return None;
+    }
+    THREADS.get_ptr_mut(tid).map(|t| unsafe { &mut *t })
+}
+
+/// Closes the current state at `now`. If no event was seen yet, `before` is the state the
+/// thread must have been in (deduced from the event), and userspace closes that interval
+/// against the window start.
+#[inline(always)]
+fn leave(t: &mut ThreadStats, now: u64, before: ThreadState) -> u64 {
+    let state = t.state;
+    if state == ThreadState::Unknown as u32 {
+        t.first_state = before as u32;
+        t.first_ts_ns = now;
+        return 0;
+    }
+    let d = now.saturating_sub(t.state_ts_ns);
+    if state == ThreadState::Running as u32 {
+        t.oncpu_ns += d;
+    } else if state == ThreadState::Runnable as u32 {
+        t.runq_wait_ns += d;
+    } else {
+        t.blocked_ns += d;
+    }
+    d
+}
+
+#[inline(always)]
+fn enter(t: &mut ThreadStats, state: ThreadState, now: u64) {
+    t.state = state as u32;
+    t.state_ts_ns = now;
+}
+
+/// Folds the target-waiting time on `w` up to `now` into `pending_ns`.
+#[inline(always)]
+fn settle(w: &mut CpuWait, now: u64) {
+    if w.waiters != 0 {
+        w.pending_ns += now.saturating_sub(w.since_ns) * w.waiters as u64;
+    }
+    w.since_ns = now;
+}
+
+#[inline(always)]
+fn waiter_add(cpu: u32, now: u64) {
+    if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
+        let w = unsafe { &mut *w };
+        settle(w, now);
+        w.waiters += 1;
+    }
+}
+
+#[inline(always)]
+fn waiter_remove(cpu: u32, now: u64) {
+    if cpu == NO_CPU {
+        return;
+    }
+    if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
+        let w = unsafe { &mut *w };
+        settle(w, now);
+        if w.waiters > 0 {
+            w.waiters -= 1;
+        }
+    }
+}
+
+/// Charges the task leaving `cpu` (always `current`) with the waiting it caused target threads.
+#[inline(always)]
+fn charge(w: &mut CpuWait, now: u64, pid: u32, tgid: u32) {
+    settle(w, now);
+    let owed = w.pending_ns;
+    w.pending_ns = 0;
+    // The idle task runs only in the gap between a wakeup and the switch: wakeup latency, no
+    // preemptor to name.
+    if owed == 0 || pid == 0 {
+        return;
+    }
+    if let Some(p) = PREEMPTORS.get_ptr_mut(pid) {
+        // A task runs on one CPU at a time, so no other CPU updates this entry meanwhile.
+        let p = unsafe { &mut *p };
+        p.wait_ns += owed;
+        p.slices += 1;
+        return;
+    }
+    let mut p = Preemptor {
+        pid,
+        tgid,
+        comm: [0; COMM_LEN],
+        wait_ns: owed,
+        slices: 1,
+    };
+    read_comm(&mut p.comm, Comm::Current);
+    if PREEMPTORS.insert(pid, p, BPF_NOEXIST).is_err() {
+        count(Counter::PreemptorMapFull);
+    }
+}
+
+fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) {
+    emit(&Event {
+        ts_ns,
+        tid,
+        kind: kind as u32,
+        cpu,
+        aux,
+        value,
+    });
+}
+
+/// A context switch on `cpu`, as the tracepoint reports it.
+pub struct Switch {
+    pub preempt: bool,
+    /// `prev->__state` as passed to the tracepoint (TASK_RUNNING is 0).
+    pub prev_state: u64,
+    pub prev_pid: u32,
+    pub prev_tgid: u32,
+    pub prev_target: bool,
+    pub next_pid: u32,
+    pub next_target: bool,
+    pub next_comm: Comm,
+}
+
+#[inline(always)]
+pub fn on_switch(cpu: u32, sw: &Switch) {
+    let wait = CPU_WAIT.get_ptr_mut(cpu);
+    let owing = match wait {
+        Some(w) => unsafe { (*w).waiters != 0 || (*w).pending_ns != 0 },
+        None => false,
+    };
+    // The path every non-target switch takes: nothing to record.
+    if !sw.prev_target && !sw.next_target && !owing {
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if sw.prev_target {
+        repair_unseen_switch_in(sw.prev_pid);
+    }
+    if owing && let Some(w) = wait {
+        charge(unsafe { &mut *w }, now, sw.prev_pid, sw.prev_tgid);
+    }
+    if sw.prev_target {
+        switch_out(cpu, now, sw);
+    }
+    if sw.next_target {
+        switch_in(cpu, now, sw);
+    }
+}
+
+/// A target thread is switching out, so it is running, but the probes last saw it waiting: the
+/// switch that gave it the CPU was never traced. That happens (1) at the start of a recording,
+/// between attaching sched_wakeup and sched_switch, and (2) on hosts where some task's switches
+/// out are untraced: on our Firecracker VMs, sched_switch never fires with prev = a thread of
+/// PID 1 (process_api), for bpftrace as for us, so the task it preempted resumes unseen. The
+/// wait bookkeeping is undone (the thread no longer waits, and the waiting pending on its CPU
+/// cannot be told apart from running, so no one is charged); the time since the thread was
+/// last seen waiting counts as on-CPU, since in case (2) the untraced task runs only briefly.
+#[inline(always)]
+fn repair_unseen_switch_in(tid: u32) {
+    let Some(t) = THREADS.get_ptr_mut(tid) else {
+        return;
+    };
+    let t = unsafe { &mut *t };
+    if t.state != ThreadState::Runnable as u32 {
+        return;
+    }
+    count(Counter::UnseenSwitchIn);
+    if t.wait_cpu != NO_CPU
+        && let Some(w) = CPU_WAIT.get_ptr_mut(t.wait_cpu)
+    {
+        let w = unsafe { &mut *w };
+        w.waiters = w.waiters.saturating_sub(1);
+        w.pending_ns = 0;
+    }
+    t.wait_cpu = NO_CPU;
+    // state_ts stays: the interval since then is closed as running by switch_out.
+    t.state = ThreadState::Running as u32;
+}
+
+#[inline(always)]
+fn switch_out(cpu: u32, now: u64, sw: &Switch) {
+    let tgid = config!(target_tgid);
+    let Some(t) = thread(sw.prev_pid, tgid, Comm::Current) else {
+        return;
+    };
+    let slice = leave(t, now, ThreadState::Running);
+    t.last_cpu = cpu;
+    let involuntary = sw.preempt || sw.prev_state == 0;
+    if involuntary {
+        t.involuntary_switches += 1;
+        enter(t, ThreadState::Runnable, now);
+        t.wait_cpu = cpu;
+        waiter_add(cpu, now);
+    } else {
+        t.voluntary_switches += 1;
+        // The switch after exit is the thread's last: nothing more will be accounted.
+        let state = if t.flags & FLAG_EXITED != 0 {
+            ThreadState::Dead
+        } else {
+            ThreadState::Blocked
+        };
+        enter(t, state, now);
+        t.wait_cpu = NO_CPU;
+    }
+    event(
+        now,
+        sw.prev_pid,
+        EventKind::SwitchOut,
+        cpu,
+        involuntary as u32,
+        slice,
+    );
+}
+
+#[inline(always)]
+fn switch_in(cpu: u32, now: u64, sw: &Switch) {
+    let tgid = config!(target_tgid);
+    let Some(t) = thread(sw.next_pid, tgid, sw.next_comm) else {
+        return;
+    };
+    let was = t.state;
+    if was == ThreadState::Running as u32 {
+        // Its last switch out was not traced; the interval closes as running.
+        count(Counter::UnseenSwitchOut);
+    }
+    let waited = leave(t, now, ThreadState::Runnable);
+    if was == ThreadState::Runnable as u32 {
+        t.runq_waits += 1;
+        if waited > t.runq_wait_max_ns {
+            t.runq_wait_max_ns = waited;
+        }
+        let slot = hist_slot(waited);
+        if let Some(c) = t.runq_hist.get_mut(slot) {
+            *c += 1;
+        }
+        waiter_remove(t.wait_cpu, now);
+    }
+    t.wait_cpu = NO_CPU;
+    t.last_cpu = cpu;
+    enter(t, ThreadState::Running, now);
+    let waited = if was == ThreadState::Runnable as u32 {
+        waited
+    } else {
+        0
+    };
+    event(
+        now,
+        sw.next_pid,
+        EventKind::SwitchIn,
+        cpu,
+        sw.prev_pid,
+        waited,
+    );
+}
+
+/// A target thread was woken (or, with `new`, woken for the first time after creation), and
+/// joins the run queue of `cpu`.
+#[inline(always)]
+pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm) {
+    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+        return;
+    };
+    // A wakeup of a task that is already running or runnable (it was woken before it managed to
+    // block) changes nothing.
+    if t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32 {
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    leave(t, now, ThreadState::Blocked);
+    t.wakeups += 1;
+    enter(t, ThreadState::Runnable, now);
+    t.wait_cpu = cpu;
+    waiter_add(cpu, now);
+    let waker = bpf_get_current_pid_tgid() as u32;
+    let kind = if new {
+        EventKind::WakeupNew
+    } else {
+        EventKind::Wakeup
+    };
+    event(now, tid, kind, cpu, waker, 0);
+}
+
+/// `set_task_cpu` on a target thread.
+#[inline(always)]
+pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
+    if from == to {
+        return;
+    }
+    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    t.migrations += 1;
+    // A runnable thread moved by the load balancer now waits in another run queue.
+    if t.state == ThreadState::Runnable as u32 && t.wait_cpu != NO_CPU {
+        waiter_remove(t.wait_cpu, now);
+        waiter_add(to, now);
+        t.wait_cpu = to;
+    }
+    let key = MigrationKey {
+        tid,
+        from_cpu: from,
+        to_cpu: to,
+        _pad: 0,
+    };
+    match MIGRATIONS.get_ptr_mut(key) {
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            if MIGRATIONS.insert(key, 1, BPF_NOEXIST).is_err() {
+                count(Counter::MigrationMapFull);
+            }
+        }
+    }
+    event(now, tid, EventKind::Migrate, to, from, 0);
+}
+
+/// A new thread of the target, created by `parent`.
+#[inline(always)]
+pub fn on_thread_new(tid: u32, parent: u32, comm: Comm) {
+    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    t.flags |= FLAG_CREATED;
+    t.created_ts_ns = now;
+    t.parent_tid = parent;
+    // Created now: nothing before this belongs to it.
+    t.first_state = ThreadState::New as u32;
+    t.first_ts_ns = now;
+    enter(t, ThreadState::New, now);
+    event(now, tid, EventKind::ThreadNew, NO_CPU, parent, 0);
+}
+
+/// The target thread `tid`, which is `current`, exits.
+#[inline(always)]
+pub fn on_thread_exit(tid: u32) {
+    let Some(t) = thread(tid, config!(target_tgid), Comm::Current) else {
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    t.flags |= FLAG_EXITED;
+    t.exited_ts_ns = now;
+    // Keep the name it had last, for the report.
+    read_comm(&mut t.comm, Comm::Current);
+    event(now, tid, EventKind::ThreadExit, NO_CPU, 0, 0);
+}

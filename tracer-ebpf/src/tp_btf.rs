@@ -1,0 +1,131 @@
+//! BTF-typed tracepoints (tp_btf): the arguments are the kernel's own `task_struct` pointers.
+//! Field offsets come from the running kernel's BTF through `CONFIG`, never from headers.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_kernel},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+
+use crate::{
+    maps::config,
+    sched::{self, Comm, Switch},
+};
+
+#[inline(always)]
+fn read_u32(task: *const u8, off: u32) -> u32 {
+    unsafe { bpf_probe_read_kernel(task.add(off as usize) as *const u32) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn tgid_of(task: *const u8) -> u32 {
+    read_u32(task, config!(task_tgid_off))
+}
+
+#[inline(always)]
+fn pid_of(task: *const u8) -> u32 {
+    read_u32(task, config!(task_pid_off))
+}
+
+#[inline(always)]
+fn comm_of(task: *const u8) -> Comm {
+    Comm::At(unsafe { task.add(config!(task_comm_off) as usize) })
+}
+
+#[inline(always)]
+fn is_target(tgid: u32) -> bool {
+    tgid == config!(target_tgid)
+}
+
+/// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
+    // `prev` is `current` here, so its ids come from a helper rather than a memory read.
+    let prev = bpf_get_current_pid_tgid();
+    let prev_tgid = (prev >> 32) as u32;
+    let next: *const u8 = ctx.arg(2);
+    let next_tgid = tgid_of(next);
+    let sw = Switch {
+        preempt: ctx.arg::<u64>(0) & 0xff != 0,
+        prev_state: ctx.arg::<u64>(3) & 0xffff_ffff,
+        prev_pid: prev as u32,
+        prev_tgid,
+        prev_target: is_target(prev_tgid),
+        next_pid: 0,
+        next_target: is_target(next_tgid),
+        next_comm: comm_of(next),
+    };
+    let sw = if sw.next_target {
+        Switch {
+            next_pid: pid_of(next),
+            ..sw
+        }
+    } else {
+        sw
+    };
+    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
+    0
+}
+
+#[inline(always)]
+fn wakeup(ctx: &BtfTracePointContext, new: bool) {
+    let p: *const u8 = ctx.arg(0);
+    if !is_target(tgid_of(p)) {
+        return;
+    }
+    // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
+    let cpu = read_u32(p, config!(task_cpu_off));
+    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p));
+}
+
+/// sched_wakeup(struct task_struct *p)
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
+    wakeup(&ctx, false);
+    0
+}
+
+/// sched_wakeup_new(struct task_struct *p)
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
+    wakeup(&ctx, true);
+    0
+}
+
+/// sched_migrate_task(struct task_struct *p, int dest_cpu), called before the CPU changes, so
+/// task_cpu(p) is the origin.
+#[btf_tracepoint(function = "sched_migrate_task")]
+pub fn sched_migrate_task_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    if !is_target(tgid_of(p)) {
+        return 0;
+    }
+    let from = read_u32(p, config!(task_cpu_off));
+    let to = ctx.arg::<u64>(1) as u32;
+    sched::on_migrate(pid_of(p), from, to, comm_of(p));
+    0
+}
+
+/// sched_process_fork(struct task_struct *parent, struct task_struct *child): a new thread of
+/// the target has the target's TGID.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
+    let child: *const u8 = ctx.arg(1);
+    if !is_target(tgid_of(child)) {
+        return 0;
+    }
+    let parent: *const u8 = ctx.arg(0);
+    sched::on_thread_new(pid_of(child), pid_of(parent), comm_of(child));
+    0
+}
+
+/// sched_process_exit(struct task_struct *p, bool group_dead); `p` is `current`.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit_btf(_ctx: BtfTracePointContext) -> i32 {
+    let cur = bpf_get_current_pid_tgid();
+    if is_target((cur >> 32) as u32) {
+        sched::on_thread_exit(cur as u32);
+    }
+    0
+}

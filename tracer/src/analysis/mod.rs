@@ -1,0 +1,4 @@
+//! Analysis: pure functions from a `Recording` to what the renderers print. No I/O here.
+
+pub mod quantiles;
+pub mod summary;

@@ -1,0 +1,386 @@
+//! The process summary: totals, per-thread rows and the top preemptors. This struct is also the
+//! `--json` document, so its field names are a stable interface: snake_case, units in the name.
+
+use serde::Serialize;
+
+use super::quantiles::{QuantileSource, wait_quantiles};
+use crate::{
+    recording::{EndReason, MigrationRoute, Recording, ThreadRecord, WaitSamples},
+    sources::ebpf::{Losses, ProbeMode},
+};
+
+/// Version of the JSON document's shape; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub schema_version: u32,
+    pub tracer_version: &'static str,
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub duration_ns: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub end_reason: EndReason,
+    pub target_exited_ns: Option<u64>,
+    pub probe_mode: ProbeMode,
+    pub probe_fallback_reason: Option<String>,
+    /// Timeline events lost to a full ring buffer. The per-thread totals stay exact.
+    pub dropped_events: u64,
+    pub events_received: u64,
+    pub losses: Losses,
+    pub totals: Totals,
+    /// Sorted by run-queue wait, largest first.
+    pub threads: Vec<ThreadSummary>,
+    /// Sorted by the waiting they caused, largest first.
+    pub preemptors: Vec<PreemptorSummary>,
+    /// The same, added up per process.
+    pub preemptor_processes: Vec<PreemptorProcess>,
+    pub migration_routes: Vec<MigrationRoute>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    pub threads: u64,
+    pub threads_created: u64,
+    pub threads_exited: u64,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub blocked_ns: u64,
+    pub offcpu_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub migrations: u64,
+    pub runq_waits: u64,
+    pub runq_wait_p50_ns: Option<u64>,
+    pub runq_wait_p99_ns: Option<u64>,
+    pub runq_wait_max_ns: u64,
+    pub runq_wait_quantiles_from: Option<QuantileSource>,
+    /// Run-queue wait as a share of the time the threads wanted a CPU (on-CPU + waiting).
+    pub runq_wait_share: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadSummary {
+    pub tid: u32,
+    pub comm: String,
+    pub created_ns: Option<u64>,
+    pub exited_ns: Option<u64>,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub migrations: u64,
+    pub wakeups: u64,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub blocked_ns: u64,
+    pub offcpu_ns: u64,
+    pub runq_waits: u64,
+    pub runq_wait_p50_ns: Option<u64>,
+    pub runq_wait_p99_ns: Option<u64>,
+    pub runq_wait_max_ns: u64,
+    pub runq_wait_quantiles_from: QuantileSource,
+    pub runq_wait_log2_hist: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PreemptorSummary {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    /// Run-queue waiting of the target's threads while this task ran.
+    pub wait_ns: u64,
+    pub slices: u64,
+    /// Share of all attributed waiting.
+    pub wait_share: f64,
+    /// The preemptor is one of the target's own threads.
+    pub same_process: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PreemptorProcess {
+    pub tgid: u32,
+    pub comm: String,
+    pub wait_ns: u64,
+    pub wait_share: f64,
+    /// How many of its threads ran while the target waited.
+    pub threads: u64,
+    pub same_process: bool,
+}
+
+/// Adds preemptors up by process. The name is the process's own when known, else that of its
+/// thread that caused the most waiting.
+fn by_process(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<PreemptorProcess> {
+    let mut groups: Vec<PreemptorProcess> = Vec::new();
+    for p in preemptors {
+        match groups.iter_mut().find(|g| g.tgid == p.tgid) {
+            Some(g) => {
+                g.wait_ns += p.wait_ns;
+                g.wait_share += p.wait_share;
+                g.threads += 1;
+            }
+            None => {
+                let comm = rec
+                    .preemptors
+                    .iter()
+                    .find(|r| r.pid == p.pid)
+                    .and_then(|r| r.process_comm.clone())
+                    .unwrap_or_else(|| p.comm.clone());
+                groups.push(PreemptorProcess {
+                    tgid: p.tgid,
+                    comm,
+                    wait_ns: p.wait_ns,
+                    wait_share: p.wait_share,
+                    threads: 1,
+                    same_process: p.same_process,
+                });
+            }
+        }
+    }
+    groups.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.tgid.cmp(&b.tgid)));
+    groups
+}
+
+fn thread_summary(t: &ThreadRecord) -> ThreadSummary {
+    let (p50, p99, from) = wait_quantiles(
+        &t.runq_wait_samples,
+        &t.runq_wait_log2_hist,
+        t.runq_waits,
+        t.runq_wait_max_ns,
+    );
+    ThreadSummary {
+        tid: t.tid,
+        comm: t.comm.clone(),
+        created_ns: t.created_ns,
+        exited_ns: t.exited_ns,
+        voluntary_switches: t.voluntary_switches,
+        involuntary_switches: t.involuntary_switches,
+        migrations: t.migrations,
+        wakeups: t.wakeups,
+        oncpu_ns: t.oncpu_ns,
+        runq_wait_ns: t.runq_wait_ns,
+        blocked_ns: t.blocked_ns,
+        offcpu_ns: t.offcpu_ns(),
+        runq_waits: t.runq_waits,
+        runq_wait_p50_ns: p50,
+        runq_wait_p99_ns: p99,
+        runq_wait_max_ns: t.runq_wait_max_ns,
+        runq_wait_quantiles_from: from,
+        runq_wait_log2_hist: t.runq_wait_log2_hist.clone(),
+    }
+}
+
+fn totals(threads: &[ThreadRecord]) -> Totals {
+    let mut t = Totals::default();
+    let mut merged = WaitSamples::default();
+    let mut log2 = vec![0u32; tracer_common::RUNQ_HIST_SLOTS];
+    for th in threads {
+        t.threads += 1;
+        t.threads_created += th.created_ns.is_some() as u64;
+        t.threads_exited += th.exited_ns.is_some() as u64;
+        t.oncpu_ns += th.oncpu_ns;
+        t.runq_wait_ns += th.runq_wait_ns;
+        t.blocked_ns += th.blocked_ns;
+        t.voluntary_switches += th.voluntary_switches;
+        t.involuntary_switches += th.involuntary_switches;
+        t.migrations += th.migrations;
+        t.runq_waits += th.runq_waits;
+        t.runq_wait_max_ns = t.runq_wait_max_ns.max(th.runq_wait_max_ns);
+        // Merging only makes sense while every thread's samples are complete.
+        if th.runq_wait_samples.len() == th.runq_waits {
+            let _ = merged.0.add(&th.runq_wait_samples.0);
+        }
+        for (sum, &c) in log2.iter_mut().zip(&th.runq_wait_log2_hist) {
+            *sum = sum.saturating_add(c);
+        }
+    }
+    t.offcpu_ns = t.runq_wait_ns + t.blocked_ns;
+    let (p50, p99, from) = wait_quantiles(&merged, &log2, t.runq_waits, t.runq_wait_max_ns);
+    t.runq_wait_p50_ns = p50;
+    t.runq_wait_p99_ns = p99;
+    t.runq_wait_quantiles_from = Some(from);
+    let wanted = t.oncpu_ns + t.runq_wait_ns;
+    t.runq_wait_share = if wanted > 0 {
+        t.runq_wait_ns as f64 / wanted as f64
+    } else {
+        0.0
+    };
+    t
+}
+
+pub fn summarize(rec: &Recording) -> Summary {
+    let mut threads: Vec<ThreadSummary> = rec.threads.iter().map(thread_summary).collect();
+    threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
+    let attributed: u64 = rec.preemptors.iter().map(|p| p.wait_ns).sum();
+    let mut preemptors: Vec<PreemptorSummary> = rec
+        .preemptors
+        .iter()
+        .map(|p| PreemptorSummary {
+            pid: p.pid,
+            tgid: p.tgid,
+            comm: p.comm.clone(),
+            wait_ns: p.wait_ns,
+            slices: p.slices,
+            wait_share: if attributed > 0 {
+                p.wait_ns as f64 / attributed as f64
+            } else {
+                0.0
+            },
+            same_process: p.tgid == rec.target.pid,
+        })
+        .collect();
+    preemptors.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.pid.cmp(&b.pid)));
+    let preemptor_processes = by_process(rec, &preemptors);
+    let mut migration_routes = rec.migration_routes.clone();
+    migration_routes.sort_by_key(|r| (std::cmp::Reverse(r.count), r.tid, r.from_cpu, r.to_cpu));
+    Summary {
+        schema_version: SCHEMA_VERSION,
+        tracer_version: rec.tracer_version,
+        pid: rec.target.pid,
+        comm: rec.target.comm.clone(),
+        cmdline: rec.target.cmdline.clone(),
+        duration_ns: rec.duration_ns(),
+        start_ns: rec.start_ns,
+        end_ns: rec.end_ns,
+        end_reason: rec.end_reason,
+        target_exited_ns: rec.target_exited_ns,
+        probe_mode: rec.probe_mode,
+        probe_fallback_reason: rec.probe_fallback_reason.clone(),
+        dropped_events: rec.losses.ringbuf_dropped,
+        events_received: rec.events_received,
+        losses: rec.losses,
+        totals: totals(&rec.threads),
+        threads,
+        preemptors,
+        preemptor_processes,
+        migration_routes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::{PreemptorRecord, TargetMeta};
+
+    fn thread(tid: u32, on: u64, rq: u64, waits: &[u64]) -> ThreadRecord {
+        let mut samples = WaitSamples::default();
+        let mut log2 = vec![0u32; tracer_common::RUNQ_HIST_SLOTS];
+        for &w in waits {
+            samples.record(w);
+            log2[tracer_common::hist_slot(w)] += 1;
+        }
+        ThreadRecord {
+            tid,
+            comm: format!("t{tid}"),
+            created_ns: None,
+            exited_ns: None,
+            parent_tid: None,
+            voluntary_switches: 1,
+            involuntary_switches: waits.len() as u64,
+            migrations: 0,
+            wakeups: 0,
+            oncpu_ns: on,
+            runq_wait_ns: rq,
+            blocked_ns: 0,
+            runq_waits: waits.len() as u64,
+            runq_wait_max_ns: waits.iter().copied().max().unwrap_or(0),
+            runq_wait_log2_hist: log2,
+            runq_wait_samples: samples,
+        }
+    }
+
+    fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -> Recording {
+        Recording {
+            tracer_version: "test",
+            target: TargetMeta {
+                pid: 100,
+                comm: "server".into(),
+                cmdline: vec![],
+            },
+            probe_mode: ProbeMode::TpBtf,
+            probe_fallback_reason: None,
+            start_ns: 1_000,
+            end_ns: 11_000,
+            end_reason: EndReason::Duration,
+            target_exited_ns: None,
+            threads,
+            preemptors,
+            migration_routes: vec![],
+            losses: Losses::default(),
+            events_received: 0,
+        }
+    }
+
+    #[test]
+    fn sorts_and_totals() {
+        let rec = recording(
+            vec![
+                thread(1, 5_000, 1_000, &[400, 600]),
+                thread(2, 3_000, 3_000, &[3_000]),
+            ],
+            vec![
+                PreemptorRecord {
+                    pid: 7,
+                    tgid: 7,
+                    comm: "hog-0".into(),
+                    process_comm: Some("hog".into()),
+                    wait_ns: 2_000,
+                    slices: 3,
+                },
+                PreemptorRecord {
+                    pid: 8,
+                    tgid: 7,
+                    comm: "hog-1".into(),
+                    process_comm: Some("hog".into()),
+                    wait_ns: 1_000,
+                    slices: 3,
+                },
+                PreemptorRecord {
+                    pid: 2,
+                    tgid: 100,
+                    comm: "t2".into(),
+                    process_comm: Some("server".into()),
+                    wait_ns: 1_000,
+                    slices: 1,
+                },
+            ],
+        );
+        let s = summarize(&rec);
+        assert_eq!(s.duration_ns, 10_000);
+        assert_eq!(s.threads[0].tid, 2, "largest wait first");
+        assert_eq!(s.totals.runq_wait_ns, 4_000);
+        assert_eq!(s.totals.runq_waits, 3);
+        assert_eq!(s.totals.runq_wait_max_ns, 3_000);
+        assert!((s.totals.runq_wait_share - 4_000.0 / 12_000.0).abs() < 1e-9);
+        assert_eq!(
+            s.totals.runq_wait_quantiles_from,
+            Some(QuantileSource::Events)
+        );
+        assert_eq!(s.preemptors[0].comm, "hog-0");
+        assert!(!s.preemptors[0].same_process);
+        assert!(s.preemptors[2].same_process || s.preemptors[1].same_process);
+        assert!((s.preemptors[0].wait_share - 0.5).abs() < 1e-9);
+        // Per process: the two hog threads together.
+        assert_eq!(s.preemptor_processes.len(), 2);
+        let hog = &s.preemptor_processes[0];
+        assert_eq!((hog.tgid, hog.comm.as_str(), hog.threads), (7, "hog", 2));
+        assert_eq!(hog.wait_ns, 3_000);
+        assert!((hog.wait_share - 0.75).abs() < 1e-9);
+        assert!(s.preemptor_processes[1].same_process);
+    }
+
+    #[test]
+    fn incomplete_samples_fall_back_to_the_kernel_histogram() {
+        let mut t = thread(1, 5_000, 1_000, &[400, 600]);
+        t.runq_waits = 3; // one wait never reached userspace
+        let s = summarize(&recording(vec![t], vec![]));
+        assert_eq!(
+            s.threads[0].runq_wait_quantiles_from,
+            QuantileSource::KernelLog2
+        );
+        assert_eq!(
+            s.totals.runq_wait_quantiles_from,
+            Some(QuantileSource::KernelLog2)
+        );
+    }
+}

@@ -1,0 +1,45 @@
+//! `tracer attach --pid PID`: record a running process.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::{RecordArgs, parse_duration, print_recording, runtime};
+use crate::{
+    session::{SessionOptions, record},
+    sources::process::Target,
+};
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The process to record (a thread ID is resolved to its process).
+    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: u32,
+    /// How long to record (e.g. 10s, 500ms, 2m). Ctrl-C ends earlier and still reports.
+    #[arg(long, short, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+pub fn run(args: AttachArgs) -> Result<()> {
+    let target = Target::resolve(args.pid)?;
+    if let Some(tid) = target.resolved_from_tid
+        && !args.record.quiet
+    {
+        eprintln!(
+            "tracer: {tid} is a thread of process {} ({}); recording the whole process",
+            target.pid, target.comm
+        );
+    }
+    let opts = SessionOptions {
+        duration: Some(args.duration),
+        probes: args.record.probe_options(),
+        progress: !args.record.quiet,
+        notices: !args.record.quiet,
+    };
+    let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    print_recording(&rec, &args.record);
+    Ok(())
+}

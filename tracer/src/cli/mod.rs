@@ -1,0 +1,172 @@
+//! Command-line interface: argument definitions and dispatch. One module per subcommand.
+
+mod attach;
+mod demo;
+mod run;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    analysis::summary::summarize,
+    recording::Recording,
+    render,
+    sources::ebpf::{ProbeChoice, ProbeOptions},
+    workload,
+};
+
+/// Tell why an inference server's latency jitters: attach to a running process and attribute
+/// its lost time to scheduling, cache thrash or GPU saturation.
+#[derive(Debug, Parser)]
+#[command(name = "tracer", version, about, long_about = None)]
+#[command(after_help = "EXAMPLES:
+    tracer demo                          # built-in workload + CPU hogs, attached and explained
+    sudo tracer attach --pid 1234        # record PID 1234 for 10 s and summarize
+    sudo tracer attach --pid 1234 -d 30s --json > trace.json
+    sudo tracer run -- python3 serve.py  # trace a command from its first instruction")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Record a running process and print where its threads' time went.
+    Attach(attach::AttachArgs),
+    /// Start a command and record it from its first instruction until it exits.
+    Run(run::RunArgs),
+    /// Run the built-in inference-like workload under a CPU disturbance and explain it.
+    Demo(demo::DemoArgs),
+    /// The built-in workload (used by `demo` and the tests).
+    #[command(hide = true)]
+    Workload(workload::server::WorkloadArgs),
+    /// CPU-hog threads (the demo's disturbance).
+    #[command(hide = true)]
+    Hog(workload::hog::HogArgs),
+}
+
+/// How the recording is taken and shown, shared by attach, run and demo.
+#[derive(Debug, Args, Clone)]
+pub struct RecordArgs {
+    /// Print one JSON document on stdout instead of the text summary.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress line or notices on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Which tracepoints to attach: tp_btf where the kernel has BTF (auto), or force one.
+    #[arg(long, value_enum, default_value = "auto", hide = true)]
+    pub probes: ProbeChoice,
+    /// Size of the event ring buffer in KiB (a power of two).
+    #[arg(long, default_value_t = 8192, value_parser = parse_ring_kib, hide = true)]
+    pub ring_kib: u32,
+    /// Read the kernel's BTF from this file instead of /sys/kernel/btf/vmlinux (tests point it
+    /// at a missing file to exercise the classic fallback).
+    #[arg(long, hide = true)]
+    pub btf: Option<PathBuf>,
+}
+
+impl RecordArgs {
+    pub fn probe_options(&self) -> ProbeOptions {
+        ProbeOptions {
+            choice: self.probes,
+            ring_bytes: self.ring_kib * 1024,
+            btf_path: self.btf.clone(),
+        }
+    }
+}
+
+fn parse_ring_kib(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if v < 4 || !v.is_power_of_two() || v > 1 << 20 {
+        return Err("must be a power of two between 4 and 1048576 (KiB)".into());
+    }
+    Ok(v)
+}
+
+/// Parses "10s", "500ms", "2m", "1.5s".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = if let Ok(secs) = s.parse::<f64>() {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(format!("invalid duration {s:?}"));
+        }
+        Duration::from_secs_f64(secs)
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 10s, 500ms, 2m"))?
+    };
+    if d.is_zero() {
+        return Err("the duration must be longer than zero".into());
+    }
+    if d > Duration::from_secs(24 * 3600) {
+        return Err("the duration must be at most 24h".into());
+    }
+    Ok(d)
+}
+
+/// Prints a recording the way `args` asks.
+pub fn print_recording(rec: &Recording, args: &RecordArgs) {
+    let summary = summarize(rec);
+    if args.json {
+        println!("{}", render::json(&summary));
+    } else {
+        print!("{}", render::text::render(&summary));
+    }
+}
+
+/// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain
+/// the ring buffer, and it keeps the tracer's own footprint small.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Attach(a) => attach::run(a),
+        Command::Run(r) => run::run(r),
+        Command::Demo(d) => demo::run(d),
+        Command::Workload(w) => workload::server::run(w),
+        Command::Hog(h) => workload::hog::run(h),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tracer: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("25h").is_err());
+    }
+
+    #[test]
+    fn ring_sizes() {
+        assert_eq!(parse_ring_kib("8192"), Ok(8192));
+        assert!(parse_ring_kib("1000").is_err());
+        assert!(parse_ring_kib("2").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

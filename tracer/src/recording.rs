@@ -1,0 +1,341 @@
+//! The recording: everything one tracing window produced, on the monotonic clock, assembled from
+//! the sources. Assembly is pure: the kernel's per-thread totals and the window edges in, closed
+//! per-thread accounts out.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tracer_common::{FLAG_CREATED, FLAG_EXITED, ThreadState, ThreadStats};
+
+use crate::sources::{
+    ebpf::{Losses, ProbeMode},
+    process::ThreadInfo,
+};
+
+/// Why the recording ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The requested duration elapsed.
+    Duration,
+    /// SIGINT or SIGTERM.
+    Interrupted,
+    /// The target process exited.
+    TargetExited,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetMeta {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+}
+
+/// Run-queue waits of one thread, as individual samples from the timeline.
+#[derive(Debug, Clone)]
+pub struct WaitSamples(pub Histogram<u64>);
+
+impl Default for WaitSamples {
+    fn default() -> Self {
+        // 1 ns to about 18 minutes at 2 significant digits: a few KiB per thread.
+        Self(Histogram::new_with_bounds(1, 1 << 40, 2).expect("static histogram bounds"))
+    }
+}
+
+impl WaitSamples {
+    pub fn record(&mut self, ns: u64) {
+        self.0.saturating_record(ns.max(1));
+    }
+    pub fn len(&self) -> u64 {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part
+/// of the window the thread was alive.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadRecord {
+    pub tid: u32,
+    pub comm: String,
+    pub created_ns: Option<u64>,
+    pub exited_ns: Option<u64>,
+    pub parent_tid: Option<u32>,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub migrations: u64,
+    pub wakeups: u64,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub blocked_ns: u64,
+    /// Complete run-queue waits inside the window.
+    pub runq_waits: u64,
+    pub runq_wait_max_ns: u64,
+    /// The kernel's log2 histogram of those waits (slot i: [2^(i-1), 2^i) ns).
+    pub runq_wait_log2_hist: Vec<u32>,
+    #[serde(skip)]
+    pub runq_wait_samples: WaitSamples,
+}
+
+impl ThreadRecord {
+    pub fn offcpu_ns(&self) -> u64 {
+        self.runq_wait_ns + self.blocked_ns
+    }
+    pub fn alive_ns(&self) -> u64 {
+        self.oncpu_ns + self.offcpu_ns()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PreemptorRecord {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    /// Name of the process (thread group leader), when it still existed at the end.
+    pub process_comm: Option<String>,
+    /// Run-queue waiting of the target's threads while this task ran (ns).
+    pub wait_ns: u64,
+    pub slices: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MigrationRoute {
+    pub tid: u32,
+    pub from_cpu: u32,
+    pub to_cpu: u32,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Recording {
+    pub tracer_version: &'static str,
+    pub target: TargetMeta,
+    pub probe_mode: ProbeMode,
+    /// Why tp_btf was not used, if it was not.
+    pub probe_fallback_reason: Option<String>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub end_reason: EndReason,
+    pub target_exited_ns: Option<u64>,
+    pub threads: Vec<ThreadRecord>,
+    pub preemptors: Vec<PreemptorRecord>,
+    pub migration_routes: Vec<MigrationRoute>,
+    pub losses: Losses,
+    pub events_received: u64,
+}
+
+impl Recording {
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+pub fn comm_string(raw: &[u8]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+fn add_to(state: u32, ns: u64, on: &mut u64, rq: &mut u64, bl: &mut u64) {
+    match ThreadState::try_from(state) {
+        Ok(ThreadState::Running) => *on += ns,
+        Ok(ThreadState::Runnable) => *rq += ns,
+        Ok(ThreadState::Blocked | ThreadState::New) => *bl += ns,
+        _ => {}
+    }
+}
+
+/// Closes a kernel account against the window `[start, end]`: the interval before the first
+/// event goes to the state deduced from it, the interval after the last event to the state the
+/// thread is still in.
+pub fn close_thread(
+    s: &ThreadStats,
+    start: u64,
+    end: u64,
+    comm: Option<&str>,
+    samples: WaitSamples,
+) -> ThreadRecord {
+    let (mut on, mut rq, mut bl) = (s.oncpu_ns, s.runq_wait_ns, s.blocked_ns);
+    let created = s.flags & FLAG_CREATED != 0;
+    if !created && s.first_state != ThreadState::Unknown as u32 {
+        let head = s.first_ts_ns.saturating_sub(start);
+        add_to(s.first_state, head, &mut on, &mut rq, &mut bl);
+    }
+    if s.state != ThreadState::Unknown as u32 {
+        let tail = end.saturating_sub(s.state_ts_ns);
+        add_to(s.state, tail, &mut on, &mut rq, &mut bl);
+    }
+    let kernel_comm = comm_string(&s.comm);
+    ThreadRecord {
+        tid: s.tid,
+        // The name the thread has now beats the one it had when first seen; an exited thread
+        // keeps the name the kernel saw at exit.
+        comm: match comm {
+            Some(c) if s.flags & FLAG_EXITED == 0 => c.to_string(),
+            _ => kernel_comm,
+        },
+        created_ns: created.then_some(s.created_ts_ns),
+        exited_ns: (s.flags & FLAG_EXITED != 0).then_some(s.exited_ts_ns),
+        parent_tid: created.then_some(s.parent_tid),
+        voluntary_switches: s.voluntary_switches,
+        involuntary_switches: s.involuntary_switches,
+        migrations: s.migrations,
+        wakeups: s.wakeups,
+        oncpu_ns: on,
+        runq_wait_ns: rq,
+        blocked_ns: bl,
+        runq_waits: s.runq_waits,
+        runq_wait_max_ns: s.runq_wait_max_ns,
+        runq_wait_log2_hist: s.runq_hist.to_vec(),
+        runq_wait_samples: samples,
+    }
+}
+
+/// A thread that produced no event in the whole window: it kept the state /proc showed at the
+/// start (a thread that is R and never switches is alone on its CPU the whole time).
+pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
+    let len = end.saturating_sub(start);
+    let running = info.state == 'R';
+    ThreadRecord {
+        tid: info.tid,
+        comm: info.comm.clone(),
+        created_ns: None,
+        exited_ns: None,
+        parent_tid: None,
+        voluntary_switches: 0,
+        involuntary_switches: 0,
+        migrations: 0,
+        wakeups: 0,
+        oncpu_ns: if running { len } else { 0 },
+        runq_wait_ns: 0,
+        blocked_ns: if running { 0 } else { len },
+        runq_waits: 0,
+        runq_wait_max_ns: 0,
+        runq_wait_log2_hist: vec![0; tracer_common::RUNQ_HIST_SLOTS],
+        runq_wait_samples: WaitSamples::default(),
+    }
+}
+
+/// Joins kernel accounts, threads /proc listed at the start, and the per-thread wait samples
+/// into thread records sorted by TID.
+pub fn assemble_threads(
+    kernel: Vec<ThreadStats>,
+    initial: &BTreeMap<u32, ThreadInfo>,
+    final_names: &BTreeMap<u32, ThreadInfo>,
+    mut samples: BTreeMap<u32, WaitSamples>,
+    start: u64,
+    end: u64,
+) -> Vec<ThreadRecord> {
+    let mut out: BTreeMap<u32, ThreadRecord> = BTreeMap::new();
+    for s in &kernel {
+        let name = final_names
+            .get(&s.tid)
+            .or_else(|| initial.get(&s.tid))
+            .map(|i| i.comm.as_str());
+        let w = samples.remove(&s.tid).unwrap_or_default();
+        out.insert(s.tid, close_thread(s, start, end, name, w));
+    }
+    for (tid, info) in initial {
+        out.entry(*tid)
+            .or_insert_with(|| quiet_thread(info, start, end));
+    }
+    out.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(tid: u32) -> ThreadStats {
+        ThreadStats::new(tid, 100)
+    }
+
+    #[test]
+    fn window_edges_close_the_account() {
+        // Blocked before the window, woken at 150, ran 160..400, blocked since 400.
+        let mut s = stats(1);
+        s.first_state = ThreadState::Blocked as u32;
+        s.first_ts_ns = 150;
+        s.runq_wait_ns = 10;
+        s.oncpu_ns = 240;
+        s.state = ThreadState::Blocked as u32;
+        s.state_ts_ns = 400;
+        let r = close_thread(&s, 100, 1000, None, WaitSamples::default());
+        assert_eq!(r.blocked_ns, 50 + 600);
+        assert_eq!(r.oncpu_ns, 240);
+        assert_eq!(r.runq_wait_ns, 10);
+        assert_eq!(r.alive_ns(), 900);
+    }
+
+    #[test]
+    fn created_and_dead_threads_cover_only_their_life() {
+        let mut s = stats(2);
+        s.flags = FLAG_CREATED | FLAG_EXITED;
+        s.created_ts_ns = 300;
+        s.exited_ts_ns = 700;
+        s.first_state = ThreadState::New as u32;
+        s.first_ts_ns = 300;
+        s.blocked_ns = 5;
+        s.runq_wait_ns = 15;
+        s.oncpu_ns = 380;
+        s.state = ThreadState::Dead as u32;
+        s.state_ts_ns = 700;
+        s.comm = *b"worker\0\0\0\0\0\0\0\0\0\0";
+        let r = close_thread(&s, 100, 1000, Some("renamed"), WaitSamples::default());
+        assert_eq!(r.alive_ns(), 400);
+        assert_eq!(r.created_ns, Some(300));
+        assert_eq!(r.exited_ns, Some(700));
+        // An exited thread keeps its kernel-side name: /proc no longer knows it.
+        assert_eq!(r.comm, "worker");
+    }
+
+    #[test]
+    fn threads_without_events_keep_their_start_state() {
+        let mut initial = BTreeMap::new();
+        initial.insert(
+            5,
+            ThreadInfo {
+                tid: 5,
+                comm: "sleeper".into(),
+                state: 'S',
+            },
+        );
+        initial.insert(
+            6,
+            ThreadInfo {
+                tid: 6,
+                comm: "spinner".into(),
+                state: 'R',
+            },
+        );
+        let mut s = stats(7);
+        s.first_state = ThreadState::Running as u32;
+        s.first_ts_ns = 200;
+        s.state = ThreadState::Runnable as u32;
+        s.state_ts_ns = 200;
+        s.involuntary_switches = 1;
+        let threads = assemble_threads(
+            vec![s],
+            &initial,
+            &BTreeMap::new(),
+            BTreeMap::new(),
+            0,
+            1000,
+        );
+        let tids: Vec<u32> = threads.iter().map(|t| t.tid).collect();
+        assert_eq!(tids, vec![5, 6, 7]);
+        assert_eq!(threads[0].blocked_ns, 1000);
+        assert_eq!(threads[1].oncpu_ns, 1000);
+        assert_eq!(threads[2].oncpu_ns, 200);
+        assert_eq!(threads[2].runq_wait_ns, 800);
+    }
+
+    #[test]
+    fn comm_is_cut_at_nul_and_lossy() {
+        assert_eq!(comm_string(b"abc\0def"), "abc");
+        assert_eq!(comm_string(b"\xffx"), "\u{fffd}x");
+        assert_eq!(comm_string(b"sixteen_chars_ab"), "sixteen_chars_ab");
+    }
+}

@@ -1,0 +1,216 @@
+//! The terminal summary.
+
+use std::fmt::Write as _;
+
+use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
+
+use crate::{
+    analysis::{quantiles::QuantileSource, summary::Summary},
+    recording::EndReason,
+    sources::ebpf::ProbeMode,
+};
+
+/// Threads shown in the table; the JSON has them all.
+const MAX_THREAD_ROWS: usize = 20;
+const MAX_PREEMPTOR_ROWS: usize = 10;
+
+/// "850ns", "12.3µs", "4.50ms", "1.234s".
+pub fn dur(ns: u64) -> String {
+    let f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns}ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1}µs", f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2}ms", f / 1e6)
+    } else {
+        format!("{:.3}s", f / 1e9)
+    }
+}
+
+fn opt_dur(ns: Option<u64>) -> String {
+    ns.map(dur).unwrap_or_else(|| "-".into())
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    for i in 0..header.len() {
+        if let Some(col) = t.column_mut(i) {
+            // Numbers right-aligned; the name column (1) left.
+            col.set_cell_alignment(if i == 1 {
+                CellAlignment::Left
+            } else {
+                CellAlignment::Right
+            });
+        }
+    }
+    t
+}
+
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    let t = &s.totals;
+    let probes = match s.probe_mode {
+        ProbeMode::TpBtf => "tp_btf probes",
+        ProbeMode::Classic => "classic tracepoints",
+    };
+    let ended = match s.end_reason {
+        EndReason::Duration => String::new(),
+        EndReason::Interrupted => " (stopped early by a signal)".into(),
+        EndReason::TargetExited => format!(
+            " (the process exited after {})",
+            dur(s
+                .target_exited_ns
+                .unwrap_or(s.end_ns)
+                .saturating_sub(s.start_ns))
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "PID {} ({}): {} recorded{ended} with {probes}",
+        s.pid,
+        s.comm,
+        dur(s.duration_ns)
+    );
+    let _ = writeln!(
+        out,
+        "  threads: {} ({} created, {} exited during the recording)",
+        t.threads, t.threads_created, t.threads_exited
+    );
+    let _ = writeln!(
+        out,
+        "  on-CPU {}  run-queue wait {} ({} of the time the threads wanted a CPU)  blocked {}",
+        dur(t.oncpu_ns),
+        dur(t.runq_wait_ns),
+        pct(t.runq_wait_share),
+        dur(t.blocked_ns)
+    );
+    let _ = writeln!(
+        out,
+        "  run-queue waits: {}  p50 {}  p99 {}  max {}{}",
+        t.runq_waits,
+        opt_dur(t.runq_wait_p50_ns),
+        opt_dur(t.runq_wait_p99_ns),
+        dur(t.runq_wait_max_ns),
+        match t.runq_wait_quantiles_from {
+            Some(QuantileSource::KernelLog2) => " (quantiles from the kernel's log2 histogram)",
+            _ => "",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  context switches: {} voluntary, {} involuntary; {} migrations",
+        t.voluntary_switches, t.involuntary_switches, t.migrations
+    );
+    if s.dropped_events > 0 {
+        let _ = writeln!(
+            out,
+            "  warning: {} timeline events were dropped (ring buffer full); totals are exact, \
+             wait quantiles come from the kernel's histogram",
+            s.dropped_events
+        );
+    }
+    let l = &s.losses;
+    if l.thread_map_full + l.preemptor_map_full + l.migration_map_full > 0 {
+        let _ = writeln!(
+            out,
+            "  warning: kernel maps overflowed (threads {}, preemptors {}, migration routes {}): \
+             some activity is not counted",
+            l.thread_map_full, l.preemptor_map_full, l.migration_map_full
+        );
+    }
+    if let Some(reason) = &s.probe_fallback_reason {
+        let _ = writeln!(out, "  note: classic tracepoints were used: {reason}");
+    }
+
+    let _ = writeln!(out, "\nThreads (by run-queue wait):");
+    let mut tt = table(&[
+        "TID",
+        "COMM",
+        "ON-CPU",
+        "RUNQ-WAIT",
+        "P50",
+        "P99",
+        "MAX",
+        "VOL",
+        "INVOL",
+        "MIGR",
+    ]);
+    for th in s.threads.iter().take(MAX_THREAD_ROWS) {
+        let mut name = th.comm.clone();
+        if th.created_ns.is_some() {
+            name.push_str(" +new");
+        }
+        if th.exited_ns.is_some() {
+            name.push_str(" +exited");
+        }
+        tt.add_row(vec![
+            th.tid.to_string(),
+            name,
+            dur(th.oncpu_ns),
+            dur(th.runq_wait_ns),
+            opt_dur(th.runq_wait_p50_ns),
+            opt_dur(th.runq_wait_p99_ns),
+            dur(th.runq_wait_max_ns),
+            th.voluntary_switches.to_string(),
+            th.involuntary_switches.to_string(),
+            th.migrations.to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{tt}");
+    if s.threads.len() > MAX_THREAD_ROWS {
+        let _ = writeln!(
+            out,
+            "  ... {} more threads (--json lists them all)",
+            s.threads.len() - MAX_THREAD_ROWS
+        );
+    }
+
+    if s.preemptors.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNo task ran while the target's threads waited for a CPU."
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "\nTop preemptors (what ran while the target's threads waited for a CPU):"
+        );
+        let mut pt = table(&["PID", "PROCESS", "THREADS", "WAIT CAUSED", "SHARE"]);
+        for p in s.preemptor_processes.iter().take(MAX_PREEMPTOR_ROWS) {
+            let mut name = p.comm.clone();
+            if p.same_process {
+                name.push_str(" (the target itself)");
+            }
+            pt.add_row(vec![
+                p.tgid.to_string(),
+                name,
+                p.threads.to_string(),
+                dur(p.wait_ns),
+                pct(p.wait_share),
+            ]);
+        }
+        let _ = writeln!(out, "{pt}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_pick_a_readable_unit() {
+        assert_eq!(dur(850), "850ns");
+        assert_eq!(dur(12_345), "12.3µs");
+        assert_eq!(dur(4_500_000), "4.50ms");
+        assert_eq!(dur(1_234_000_000), "1.234s");
+    }
+}

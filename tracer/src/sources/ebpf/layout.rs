@@ -1,0 +1,246 @@
+//! Kernel data layouts the eBPF programs need, read from the running kernel: `task_struct`
+//! member offsets from BTF (for tp_btf programs), classic tracepoint record offsets from the
+//! tracefs `format` files (for the fallback). Nothing here is hard-coded: offsets move between
+//! kernel versions and configurations (randomized struct layout included).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use tracer_common::Config;
+
+use super::btf::Btf;
+
+/// Where the kernel exposes its own BTF.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Offsets in `struct task_struct` the tp_btf programs read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: u32,
+    pub cpu: u32,
+}
+
+impl TaskOffsets {
+    pub fn from_btf_file(path: &Path) -> Result<Self> {
+        let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let btf = Btf::parse(&data).with_context(|| format!("parsing {}", path.display()))?;
+        let task = btf.struct_id("task_struct")?;
+        let at = |path: &[&str]| {
+            btf.member_offset(task, path)
+                .ok_or_else(|| anyhow!("task_struct has no member {}", path.join(".")))
+        };
+        // Since Linux 5.16 the CPU lives in thread_info when THREAD_INFO_IN_TASK is set
+        // (commit bcf9033e5449, "sched: move CPU field back into thread_info"); older kernels
+        // have task_struct.cpu.
+        let cpu = at(&["thread_info", "cpu"]).or_else(|_| at(&["cpu"]))?;
+        Ok(Self {
+            pid: at(&["pid"])?,
+            tgid: at(&["tgid"])?,
+            comm: at(&["comm"])?,
+            cpu,
+        })
+    }
+
+    pub fn apply(&self, config: &mut Config) {
+        config.task_pid_off = self.pid;
+        config.task_tgid_off = self.tgid;
+        config.task_comm_off = self.comm;
+        config.task_cpu_off = self.cpu;
+    }
+}
+
+/// One field of a classic tracepoint record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// Parses a tracefs `format` file and returns the field named `name`.
+pub fn format_field(format: &str, name: &str) -> Option<Field> {
+    format.lines().find_map(|line| {
+        let line = line.trim();
+        let decl = line.strip_prefix("field:")?.split(';').next()?;
+        // "char prev_comm[16]" / "pid_t prev_pid": the name is the last word, minus any array.
+        let field_name = decl.split_whitespace().last()?.split('[').next()?;
+        if field_name != name {
+            return None;
+        }
+        let value = |key: &str| -> Option<u32> {
+            line.split(';')
+                .find_map(|part| part.trim().strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        Some(Field {
+            offset: value("offset:")?,
+            size: value("size:")?,
+        })
+    })
+}
+
+/// Where tracefs is mounted, if it is.
+pub fn tracefs_root() -> Option<PathBuf> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
+}
+
+/// Mounts tracefs at /sys/kernel/tracing (needs CAP_SYS_ADMIN).
+pub fn mount_tracefs() -> Result<PathBuf> {
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: all pointers are valid NUL-terminated strings; data may be null for tracefs.
+    let rc = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        bail!(
+            "mount -t tracefs nodev /sys/kernel/tracing failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    tracefs_root().ok_or_else(|| anyhow!("tracefs mounted but has no events directory"))
+}
+
+/// Fills the classic-tracepoint offsets of `config` from the format files under `tracefs`.
+pub fn apply_classic_formats(tracefs: &Path, config: &mut Config) -> Result<()> {
+    let read = |event: &str| -> Result<String> {
+        let path = tracefs.join("events").join(event).join("format");
+        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let need = |format: &str, event: &str, field: &str| -> Result<Field> {
+        format_field(format, field).ok_or_else(|| anyhow!("{event} has no field {field}"))
+    };
+    let switch = read("sched/sched_switch")?;
+    let prev_state = need(&switch, "sched_switch", "prev_state")?;
+    config.switch_prev_state_off = prev_state.offset;
+    config.switch_prev_state_size = prev_state.size;
+    config.switch_next_pid_off = need(&switch, "sched_switch", "next_pid")?.offset;
+    config.switch_next_comm_off = need(&switch, "sched_switch", "next_comm")?.offset;
+
+    let wakeup = read("sched/sched_wakeup")?;
+    config.wakeup_pid_off = need(&wakeup, "sched_wakeup", "pid")?.offset;
+    config.wakeup_cpu_off = need(&wakeup, "sched_wakeup", "target_cpu")?.offset;
+    config.wakeup_comm_off = need(&wakeup, "sched_wakeup", "comm")?.offset;
+    // sched_wakeup_new shares the sched_wakeup_template record (include/trace/events/sched.h).
+    let wakeup_new = read("sched/sched_wakeup_new")?;
+    if format_field(&wakeup_new, "pid") != format_field(&wakeup, "pid") {
+        bail!("sched_wakeup_new and sched_wakeup records differ; classic fallback unsupported");
+    }
+
+    let migrate = read("sched/sched_migrate_task")?;
+    config.migrate_pid_off = need(&migrate, "sched_migrate_task", "pid")?.offset;
+    config.migrate_orig_cpu_off = need(&migrate, "sched_migrate_task", "orig_cpu")?.offset;
+    config.migrate_dest_cpu_off = need(&migrate, "sched_migrate_task", "dest_cpu")?.offset;
+
+    let newtask = read("task/task_newtask")?;
+    config.newtask_pid_off = need(&newtask, "task_newtask", "pid")?.offset;
+    config.newtask_comm_off = need(&newtask, "task_newtask", "comm")?.offset;
+    let flags = need(&newtask, "task_newtask", "clone_flags")?;
+    if flags.size != 8 {
+        bail!(
+            "task_newtask clone_flags is {} bytes, expected 8",
+            flags.size
+        );
+    }
+    config.newtask_flags_off = flags.offset;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A format file as Linux 6.18 prints it (trimmed).
+    const SWITCH: &str = "name: sched_switch
+ID: 322
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
+\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
+";
+
+    #[test]
+    fn parses_fields_and_arrays() {
+        assert_eq!(
+            format_field(SWITCH, "prev_state"),
+            Some(Field {
+                offset: 32,
+                size: 8
+            })
+        );
+        assert_eq!(
+            format_field(SWITCH, "next_comm"),
+            Some(Field {
+                offset: 40,
+                size: 16
+            })
+        );
+        assert_eq!(
+            format_field(SWITCH, "next_pid"),
+            Some(Field {
+                offset: 56,
+                size: 4
+            })
+        );
+        // A prefix of a real name is not a match.
+        assert_eq!(format_field(SWITCH, "next"), None);
+        assert_eq!(format_field(SWITCH, "pid"), None);
+    }
+
+    /// The offsets against bpftool's own BTF dump, an independent reader.
+    #[test]
+    fn task_offsets_agree_with_bpftool() {
+        let path = Path::new(VMLINUX_BTF);
+        let ours = TaskOffsets::from_btf_file(path).expect("task_struct offsets");
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX_BTF, "format", "raw"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        // "[ID] STRUCT 'task_struct' size=... vlen=..." then one "\t'name' type_id=.. bits_offset=.."
+        // line per member.
+        let members: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("STRUCT 'task_struct' "))
+            .skip(1)
+            .take_while(|l| l.starts_with('\t'))
+            .collect();
+        let bits = |name: &str| -> u32 {
+            let line = members
+                .iter()
+                .find(|l| l.trim_start().starts_with(&format!("'{name}' ")))
+                .unwrap_or_else(|| panic!("bpftool shows no task_struct.{name}"));
+            line.split("bits_offset=")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(ours.pid * 8, bits("pid"));
+        assert_eq!(ours.tgid * 8, bits("tgid"));
+        assert_eq!(ours.comm * 8, bits("comm"));
+        // thread_info is the first member and cpu is its fourth field (flags, syscall_work,
+        // status, cpu) on x86-64.
+        assert_eq!(bits("thread_info"), 0);
+        assert_eq!(ours.cpu, 8 + 8 + 4);
+    }
+}

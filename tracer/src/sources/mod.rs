@@ -1,0 +1,6 @@
+//! Where measurements come from. Each source knows its own kernel or library interface and
+//! hands plain data to the session.
+
+pub mod ebpf;
+pub mod privileges;
+pub mod process;

@@ -1,0 +1,130 @@
+//! The target process as /proc describes it: validation, its threads, their names and states.
+
+use std::collections::BTreeMap;
+
+use procfs::process::Process;
+
+use crate::error::TracerError;
+
+/// `PF_KTHREAD` (include/linux/sched.h): the task is a kernel thread.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// A process that may be traced.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// Set when the PID given was a thread of another process, which is traced instead.
+    pub resolved_from_tid: Option<u32>,
+}
+
+/// What /proc says of one thread when the recording starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadInfo {
+    pub tid: u32,
+    pub comm: String,
+    /// The state letter of /proc/PID/task/TID/stat (R, S, D, ...).
+    pub state: char,
+}
+
+impl Target {
+    /// Checks that `pid` names a live user process and resolves a TID to its process.
+    pub fn resolve(pid: u32) -> Result<Self, TracerError> {
+        if pid == 0 {
+            return Err(TracerError::BadTarget {
+                pid,
+                why: "PID 0 is the idle task, not a process".into(),
+            });
+        }
+        let proc = Process::new(pid as i32).map_err(|_| TracerError::NoSuchProcess { pid })?;
+        let stat = proc
+            .stat()
+            .map_err(|_| TracerError::NoSuchProcess { pid })?;
+        if stat.flags & PF_KTHREAD != 0 {
+            return Err(TracerError::BadTarget {
+                pid,
+                why: format!(
+                    "it is the kernel thread [{}]; tracer attaches to user processes",
+                    stat.comm
+                ),
+            });
+        }
+        if stat.state == 'Z' || stat.state == 'X' {
+            return Err(TracerError::BadTarget {
+                pid,
+                why: format!(
+                    "it has exited ({}, state {}) and has no threads left to trace",
+                    stat.comm, stat.state
+                ),
+            });
+        }
+        let status = proc
+            .status()
+            .map_err(|_| TracerError::NoSuchProcess { pid })?;
+        let tgid = status.tgid as u32;
+        let (proc, resolved_from_tid) = if tgid != pid {
+            let leader =
+                Process::new(tgid as i32).map_err(|_| TracerError::NoSuchProcess { pid: tgid })?;
+            (leader, Some(pid))
+        } else {
+            (proc, None)
+        };
+        let comm = proc.stat().map(|s| s.comm).unwrap_or_default();
+        let cmdline = proc.cmdline().unwrap_or_default();
+        Ok(Self {
+            pid: tgid,
+            comm,
+            cmdline,
+            resolved_from_tid,
+        })
+    }
+
+    /// The process's threads now. A thread that exits while being listed is skipped.
+    pub fn threads(&self) -> BTreeMap<u32, ThreadInfo> {
+        let mut out = BTreeMap::new();
+        let Ok(proc) = Process::new(self.pid as i32) else {
+            return out;
+        };
+        let Ok(tasks) = proc.tasks() else {
+            return out;
+        };
+        for task in tasks.flatten() {
+            if let Ok(stat) = task.stat() {
+                out.insert(
+                    task.tid as u32,
+                    ThreadInfo {
+                        tid: task.tid as u32,
+                        comm: stat.comm,
+                        state: stat.state,
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    /// True while the process exists and has not exited (a zombie has exited).
+    pub fn alive(&self) -> bool {
+        Process::new(self.pid as i32)
+            .and_then(|p| p.stat())
+            .map(|s| s.state != 'Z' && s.state != 'X')
+            .unwrap_or(false)
+    }
+}
+
+/// The process ID and name of any task, for naming preemptors whose entry lacks them.
+pub fn comm_of(pid: u32) -> Option<String> {
+    Process::new(pid as i32).ok()?.stat().ok().map(|s| s.comm)
+}
+
+/// Reads CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,166 @@
+//! `cargo xtask`: set-up, build, demo, test and lint automation.
+//!
+//! Every command that needs the eBPF toolchain runs `setup` first, which installs only what is
+//! missing and says what it does, so `cargo xtask demo` and `cargo xtask test` work on a fresh
+//! Debian 12 machine.
+
+mod setup;
+
+use std::{
+    path::PathBuf,
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Install what building and testing need, if missing (apt packages, nightly + rust-src,
+    /// bpf-linker against LLVM 22).
+    Setup,
+    /// Build the tracer (release).
+    Build,
+    /// Build and run `tracer demo`, passing the remaining arguments on.
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the whole test suite (needs root: the tests load BPF programs).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// cargo fmt --check, then clippy on the host crates and, separately, on the eBPF crate.
+    Lint,
+}
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+pub fn is_root() -> bool {
+    // Root without libc: /proc/self/status "Uid:" real, effective, ...
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Runs a command, echoing it, and fails if it fails.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: $ {}", render(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", render(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", render(cmd));
+    }
+    Ok(())
+}
+
+fn render(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+/// A command run as root: directly when we are root, else through sudo.
+fn as_root(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("-E").arg(program);
+        c
+    }
+}
+
+fn demo(args: &[String]) -> Result<()> {
+    setup::ensure()?;
+    run(cargo().args(["build", "--release", "-p", "tracer"]))?;
+    let bin = workspace_root().join("target/release/tracer");
+    if !is_root() {
+        eprintln!("xtask: the demo loads BPF programs; running it through sudo");
+    }
+    run(as_root(bin).arg("demo").args(args))
+}
+
+fn test(args: &[String]) -> Result<()> {
+    setup::ensure()?;
+    // The integration tests run the tracer binary and the test workload: build them first.
+    run(cargo().args(["build", "--bins"]))?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--no-fail-fast"]).args(args);
+    if !is_root() {
+        eprintln!("xtask: the tests load BPF programs; running the test binaries through sudo");
+        cmd.env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER", "sudo -E");
+    }
+    // Tests share the CPUs and the kernel's tracepoints: one at a time.
+    cmd.args(["--", "--test-threads=1"]);
+    run(&mut cmd)
+}
+
+fn lint() -> Result<()> {
+    setup::ensure()?;
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The eBPF crate only means anything for the bpfel target, with nightly's build-std.
+    let mut ebpf = Command::new("rustup");
+    ebpf.current_dir(workspace_root().join("tracer-ebpf"))
+        .args(["run", "nightly", "cargo", "clippy", "-Z", "build-std=core"])
+        .args(["--target", "bpfel-unknown-none", "-p", "tracer-ebpf", "--"])
+        .args(["-D", "warnings"])
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        )
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace_root().join("target/ebpf-clippy"),
+        );
+    run(&mut ebpf)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Setup => setup::ensure(),
+        Cmd::Build => {
+            setup::ensure().and_then(|()| run(cargo().args(["build", "--release", "-p", "tracer"])))
+        }
+        Cmd::Demo { args } => demo(&args),
+        Cmd::Test { args } => test(&args),
+        Cmd::Lint => lint(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

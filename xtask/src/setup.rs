@@ -1,0 +1,134 @@
+//! Idempotent set-up: checks each tool the build and the tests need, installs only what is
+//! missing, and says what it is doing. Versions are the ones ../shared/PLATFORM.md found to
+//! work: the nightly toolchain with rust-src (aya-build compiles the eBPF crate with
+//! `-Z build-std=core`), and bpf-linker built against LLVM 22 (its LLVM must be at least
+//! nightly rustc's, 22.1).
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Result, bail};
+
+use crate::{is_root, run};
+
+/// Debian packages: LLVM 22 for bpf-linker, bpftool (the BTF cross-check test and BPF
+/// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks).
+const APT_PACKAGES: [(&str, &str); 4] = [
+    ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
+    ("bpftool", "bpftool"),
+    ("stress-ng", "stress-ng"),
+    ("linux-perf", "perf"),
+];
+
+fn have(program: &str) -> bool {
+    if program.starts_with('/') {
+        return std::path::Path::new(program).exists();
+    }
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.stderr(Stdio::null()).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn root_cmd(program: &str) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg(program);
+        c
+    }
+}
+
+fn apt() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .filter(|(_, probe)| !have(probe))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing {} (apt)", missing.join(", "));
+    run(root_cmd("apt-get").args(["update", "-q"]))?;
+    run(root_cmd("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing))
+}
+
+fn nightly() -> Result<()> {
+    let has_nightly =
+        output(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])).is_some();
+    let has_src = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
+    if has_nightly && has_src {
+        return Ok(());
+    }
+    if !has_nightly {
+        eprintln!("setup: installing the nightly toolchain with rust-src (rustup)");
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))
+    } else {
+        eprintln!("setup: adding rust-src to the nightly toolchain (rustup)");
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    }
+}
+
+/// bpf-linker linked against LLVM 22: an older one fails with obscure linker errors.
+fn bpf_linker_ok() -> bool {
+    let Some(path) = output(Command::new("sh").args(["-c", "command -v bpf-linker"])) else {
+        return false;
+    };
+    output(Command::new("ldd").arg(path.trim())).is_some_and(|l| l.contains("libLLVM.so.22"))
+}
+
+fn bpf_linker() -> Result<()> {
+    if bpf_linker_ok() {
+        return Ok(());
+    }
+    eprintln!("setup: building bpf-linker against LLVM 22 (cargo install, about a minute)");
+    run(Command::new("cargo")
+        .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+        .args([
+            "install",
+            "--locked",
+            "--force",
+            "bpf-linker",
+            "--version",
+            "0.13.0",
+        ])
+        .args(["--no-default-features", "--features", "llvm-22"]))?;
+    if !bpf_linker_ok() {
+        bail!("bpf-linker was installed but is not on PATH (add ~/.cargo/bin to PATH)");
+    }
+    Ok(())
+}
+
+pub fn ensure() -> Result<()> {
+    apt()?;
+    nightly()?;
+    bpf_linker()?;
+    Ok(())
+}
