@@ -114,3 +114,56 @@ fn demo_names_the_cpu_hogs_as_the_cause_of_waiting() {
     let hit = u(&doc["demo"]["latency_recorded"]["p99_ns"]);
     assert!(hit > 2 * base, "p99 under hogs {hit} vs baseline {base}");
 }
+
+/// Runs the tracer with capabilities dropped by setpriv (util-linux).
+fn run_tracer_with(setpriv: &[&str], args: &[&str]) -> tracer_tests::Finished {
+    let out = std::process::Command::new("setpriv")
+        .args(setpriv)
+        .arg(tracer_tests::tracer_bin())
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux)");
+    tracer_tests::Finished {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn missing_capabilities_are_named() {
+    let _guard = serial();
+    require_root();
+    let load = Testload::spawn(&["mixed", "1"]);
+    let pid = load.pid.to_string();
+    let args = ["attach", "--pid", &pid, "--duration", "300ms", "--json"];
+    // Root without CAP_PERFMON (and without CAP_SYS_ADMIN, which implies it).
+    let drop_perfmon = [
+        "--bounding-set=-perfmon,-sys_admin",
+        "--inh-caps=-perfmon,-sys_admin",
+    ];
+    let out = run_tracer_with(&drop_perfmon, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("missing CAP_PERFMON."),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty());
+    // An unprivileged user: both are missing.
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let out = run_tracer_with(&nobody, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("missing CAP_BPF and CAP_PERFMON"),
+        "{}",
+        out.stderr
+    );
+    // CAP_BPF + CAP_PERFMON without CAP_SYS_ADMIN is enough.
+    let out = run_tracer_with(
+        &["--bounding-set=-sys_admin", "--inh-caps=-sys_admin"],
+        &args,
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(u(&out.json()["pid"]), load.pid as u64);
+}
