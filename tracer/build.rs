@@ -32,6 +32,10 @@ fn main() -> anyhow::Result<()> {
         .map(|ws| ws.join("tracer-common"))
         .ok_or_else(|| anyhow!("workspace root"))?;
     println!("cargo:rerun-if-changed={common}");
+    // aya-build relays every line the nested cargo prints as a cargo warning; a quiet nested
+    // cargo keeps builds free of warnings that are not warnings (errors still come through).
+    // SAFETY: build scripts are single-threaded.
+    unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     aya_build::build_ebpf(
         [aya_build::Package {
             name: ebpf.name.as_str(),

@@ -46,9 +46,10 @@ fn threads_created_and_exited_mid_window_are_kept() {
     );
     assert!(!before.contains_key(&born));
 
-    // Exited inside the window: kept, with the counts it read from /proc just before exiting.
-    // Tolerance: between that read and its last switch the thread still prints a line and
-    // exits, which ends in one more voluntary switch (TASK_DEAD) and may be preempted once.
+    // Exited inside the window: kept, with the counts it read from /proc just before its exit
+    // system call. Tolerance: after that read come its last switch (voluntary, TASK_DEAD:
+    // exactly one) and the exit path, where a tick can preempt it once; measured over 15 runs:
+    // voluntary always +1, involuntary +0 or +1.
     let l = thread_json(&doc, leaver);
     assert!(
         l["exited_ns"].as_u64().is_some(),
@@ -65,11 +66,11 @@ fn threads_created_and_exited_mid_window_are_kept() {
     let seen_vol = at_exit("vol") - base.voluntary;
     let seen_invol = at_exit("invol") - base.involuntary;
     assert!(
-        (seen_vol..=seen_vol + 2).contains(&vol),
+        (seen_vol + 1..=seen_vol + 2).contains(&vol),
         "leaver voluntary {vol}, read {seen_vol} before exit"
     );
     assert!(
-        (seen_invol..=seen_invol + 2).contains(&invol),
+        (seen_invol..=seen_invol + 1).contains(&invol),
         "leaver involuntary {invol}, read {seen_invol} before exit"
     );
     assert_eq!(u(&l["migrations"]), at_exit("migr") - base.migrations);

@@ -217,6 +217,8 @@ pub enum EventKind {
     ThreadNew = 6,
     /// The thread exited.
     ThreadExit = 7,
+    /// Counter deltas over one on-CPU slice: a `CounterSlice` record, not an `Event`.
+    CounterSlice = 8,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -230,6 +232,7 @@ impl TryFrom<u32> for EventKind {
             5 => Self::Migrate,
             6 => Self::ThreadNew,
             7 => Self::ThreadExit,
+            8 => Self::CounterSlice,
             other => return Err(other),
         })
     }
@@ -249,6 +252,100 @@ pub struct Event {
     pub value: u64,
 }
 
+/// Number of perf counter slots (`PerfSlot`).
+pub const PERF_SLOTS: usize = 7;
+
+/// Perf counters read per CPU at every context switch of a target thread, and the slot each
+/// occupies. The hardware ones need a PMU; the software ones always open and let the same path
+/// be checked against the scheduler data where there is no PMU.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerfSlot {
+    Cycles = 0,
+    Instructions = 1,
+    /// Last-level cache read accesses.
+    LlcReferences = 2,
+    /// Last-level cache read misses.
+    LlcMisses = 3,
+    /// The software cpu-clock (ns): per slice, the slice's length as perf measures it.
+    CpuClock = 4,
+    /// The software context-switches counter.
+    ContextSwitches = 5,
+    /// The software cpu-migrations counter (counted when a migrated task is next switched in).
+    CpuMigrations = 6,
+}
+
+impl PerfSlot {
+    /// Name of the per-CPU perf event array holding this slot's counters.
+    pub const fn map_name(self) -> &'static str {
+        match self {
+            Self::Cycles => "PERF_CYCLES",
+            Self::Instructions => "PERF_INSTRUCTIONS",
+            Self::LlcReferences => "PERF_LLC_REFERENCES",
+            Self::LlcMisses => "PERF_LLC_MISSES",
+            Self::CpuClock => "PERF_CPU_CLOCK",
+            Self::ContextSwitches => "PERF_CONTEXT_SWITCHES",
+            Self::CpuMigrations => "PERF_CPU_MIGRATIONS",
+        }
+    }
+
+    pub const ALL: [PerfSlot; PERF_SLOTS] = [
+        Self::Cycles,
+        Self::Instructions,
+        Self::LlcReferences,
+        Self::LlcMisses,
+        Self::CpuClock,
+        Self::ContextSwitches,
+        Self::CpuMigrations,
+    ];
+}
+
+/// What `bpf_perf_event_read_value` returns (`struct bpf_perf_event_value`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterReading {
+    pub counter: u64,
+    /// Time the event was enabled and actually counting (they differ when the PMU multiplexes).
+    pub enabled: u64,
+    pub running: u64,
+}
+
+/// Per-thread perf counter totals, keyed by TID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadCounters {
+    /// Bit k set: `start[k]` holds the reading at the current slice's switch-in.
+    pub valid: u32,
+    pub _pad: u32,
+    pub slice_start_ns: u64,
+    pub start: [CounterReading; PERF_SLOTS],
+    /// Sum over slices of the counter delta scaled by enabled/running (multiplexing).
+    pub scaled: [u64; PERF_SLOTS],
+    /// Sum of the raw deltas, and of the enabled and running time deltas.
+    pub raw: [u64; PERF_SLOTS],
+    pub enabled: [u64; PERF_SLOTS],
+    pub running: [u64; PERF_SLOTS],
+}
+
+/// Counter deltas of one on-CPU slice of a target thread, on the ring buffer. Shares its first
+/// 16 bytes with `Event`, so a reader can tell the two apart by `kind`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterSlice {
+    /// Slice end (switch-out), CLOCK_MONOTONIC.
+    pub ts_ns: u64,
+    pub tid: u32,
+    /// `EventKind::CounterSlice`.
+    pub kind: u32,
+    pub cpu: u32,
+    /// Bit k set: `values[k]` was measured.
+    pub valid: u32,
+    /// Slice start (switch-in).
+    pub start_ns: u64,
+    /// Scaled deltas, by `PerfSlot`.
+    pub values: [u64; PERF_SLOTS],
+}
+
 /// Load-time configuration of the eBPF programs (a `.rodata` global set by the loader, so the
 /// verifier sees constants).
 #[repr(C)]
@@ -258,6 +355,9 @@ pub struct Config {
     pub target_tgid: u32,
     /// Wake the reader once this many bytes wait in the ring buffer (it also drains on a timer).
     pub ring_wakeup_bytes: u32,
+    /// Bit k set: perf counter slot k is open on every CPU (in that slot's per-CPU array).
+    pub counter_mask: u32,
+    pub _pad: u32,
     /// Offsets in `struct task_struct`, read from the running kernel's BTF (tp_btf programs).
     pub task_pid_off: u32,
     pub task_tgid_off: u32,
@@ -287,6 +387,8 @@ impl Config {
         Self {
             target_tgid: 0,
             ring_wakeup_bytes: 0,
+            counter_mask: 0,
+            _pad: 0,
             task_pid_off: 0,
             task_tgid_off: 0,
             task_comm_off: 0,
@@ -306,6 +408,27 @@ impl Config {
             newtask_comm_off: 0,
         }
     }
+}
+
+/// A counter delta extrapolated to the whole time its event was enabled, when the PMU
+/// multiplexed it and it counted only `running` of the `enabled` ns (what perf stat does).
+///
+/// Computed as `delta * enabled / running` without 128-bit arithmetic, which the eBPF target
+/// lacks: `q * enabled + r * enabled / running` with `q, r = divmod(delta, running)`, and
+/// `enabled` first brought under 2^32 (with `running`, keeping their ratio) so that `r *
+/// enabled < running * enabled` fits in 64 bits.
+#[inline(always)]
+pub fn scale_for_multiplexing(delta: u64, enabled: u64, running: u64) -> u64 {
+    if running == 0 || running >= enabled {
+        return delta;
+    }
+    let shift = (64 - enabled.leading_zeros()).saturating_sub(32);
+    let (enabled, running) = (enabled >> shift, running >> shift);
+    if running == 0 {
+        return delta;
+    }
+    let (q, r) = (delta / running, delta % running);
+    q * enabled + r * enabled / running
 }
 
 /// Index of the run-queue wait histogram slot for a wait of `ns` nanoseconds.
@@ -329,6 +452,9 @@ mod pod {
     unsafe impl aya::Pod for super::MigrationKey {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::ThreadCounters {}
+    unsafe impl aya::Pod for super::CounterReading {}
+    unsafe impl aya::Pod for super::CounterSlice {}
 }
 
 #[cfg(test)]
@@ -346,7 +472,12 @@ mod tests {
             core::mem::size_of::<ThreadStats>(),
             4 + 4 + 16 + 4 + 4 + 8 * 13 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 19 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 21 * 4);
+        assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
+        assert_eq!(
+            core::mem::size_of::<ThreadCounters>(),
+            16 + 24 * PERF_SLOTS + 4 * 8 * PERF_SLOTS
+        );
     }
 
     #[test]
@@ -361,12 +492,34 @@ mod tests {
     }
 
     #[test]
+    fn multiplexed_counts_are_extrapolated() {
+        // Counted a quarter of the time: four times the raw count.
+        assert_eq!(scale_for_multiplexing(1_000, 4_000, 1_000), 4_000);
+        // Never multiplexed, or never running: the raw count.
+        assert_eq!(scale_for_multiplexing(1_000, 4_000, 4_000), 1_000);
+        assert_eq!(scale_for_multiplexing(0, 4_000, 0), 0);
+        // A 10 ms slice at 5 GHz, counted half the time.
+        assert_eq!(
+            scale_for_multiplexing(25_000_000, 10_000_000, 5_000_000),
+            50_000_000
+        );
+        // A 100 s slice (enabled over 2^32 ns) at 5 GHz, counted 3/4 of the time: within
+        // a part per million of the exact value.
+        let (delta, enabled, running) = (375_000_000_000u64, 100_000_000_000, 75_000_000_000);
+        let exact = (delta as u128 * enabled as u128 / running as u128) as u64;
+        let got = scale_for_multiplexing(delta, enabled, running);
+        assert!(got.abs_diff(exact) <= exact / 1_000_000, "{got} vs {exact}");
+        // Low rates (a few LLC misses) are not rounded away.
+        assert_eq!(scale_for_multiplexing(3, 1_000_000, 500_000), 6);
+    }
+
+    #[test]
     fn kinds_round_trip_and_reject_unknown() {
-        for k in 1..=7u32 {
+        for k in 1..=8u32 {
             assert_eq!(EventKind::try_from(k).map(|e| e as u32), Ok(k));
         }
         assert_eq!(EventKind::try_from(0), Err(0));
-        assert_eq!(EventKind::try_from(8), Err(8));
+        assert_eq!(EventKind::try_from(9), Err(9));
         assert_eq!(ThreadState::try_from(6), Err(6));
     }
 }

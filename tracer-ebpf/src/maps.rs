@@ -2,11 +2,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use tracer_common::{
     COUNTER_SLOTS, Config, Counter, CpuWait, Event, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS,
-    MAX_THREADS, MigrationKey, Preemptor, ThreadStats,
+    MAX_THREADS, MigrationKey, Preemptor, ThreadCounters, ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -57,6 +57,32 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SL
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
 
+/// Perf counters, one array per `PerfSlot`, indexed by CPU; the loader fills in the counters'
+/// file descriptors. (One array per slot: aya caps perf event arrays at the CPU count.)
+#[map]
+pub static PERF_CYCLES: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_INSTRUCTIONS: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_LLC_REFERENCES: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_LLC_MISSES: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_CPU_CLOCK: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_CONTEXT_SWITCHES: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+pub static PERF_CPU_MIGRATIONS: PerfEventArray<u32> = PerfEventArray::new(0);
+
+/// Per-thread perf counter totals, keyed by TID (only used when counters are open).
+#[map]
+pub static THREAD_COUNTERS: HashMap<u32, ThreadCounters> =
+    HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// Zeroed template for new `THREAD_COUNTERS` entries.
+#[map]
+pub static COUNTERS_TEMPLATE: PerCpuArray<ThreadCounters> = PerCpuArray::with_max_entries(1, 0);
+
 /// Classic fallback only: the target's TIDs (classic sched_switch and sched_wakeup records
 /// carry a TID but no TGID). Filled by the loader, kept current by task_newtask and exit.
 #[map]
@@ -74,16 +100,21 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Queues an event without waking the reader, unless the buffer is filling up: the reader
+/// Queues a record without waking the reader, unless the buffer is filling up: the reader
 /// drains on a timer, and a wakeup per event would make the tracer itself preempt the target.
 #[inline(always)]
-pub fn emit(event: &Event) {
+pub fn emit_bytes<T>(record: &T) {
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= config!(ring_wakeup_bytes) as u64 {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
     };
-    if EVENTS.output::<Event>(event, flags).is_err() {
+    if EVENTS.output::<T>(record, flags).is_err() {
         count(Counter::RingbufDropped);
     }
+}
+
+#[inline(always)]
+pub fn emit(event: &Event) {
+    emit_bytes(event);
 }

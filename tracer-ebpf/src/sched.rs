@@ -265,6 +265,7 @@ fn switch_out(cpu: u32, now: u64, sw: &Switch) {
         return;
     };
     let slice = leave(t, now, ThreadState::Running);
+    crate::counters::slice_end(sw.prev_pid, cpu, now);
     t.last_cpu = cpu;
     let involuntary = sw.preempt || sw.prev_state == 0;
     if involuntary {
@@ -319,6 +320,7 @@ fn switch_in(cpu: u32, now: u64, sw: &Switch) {
     t.wait_cpu = NO_CPU;
     t.last_cpu = cpu;
     enter(t, ThreadState::Running, now);
+    crate::counters::slice_begin(sw.next_pid, now);
     let waited = if was == ThreadState::Runnable as u32 {
         waited
     } else {

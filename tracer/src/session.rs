@@ -13,15 +13,18 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::{EventKind, ThreadStats};
+use tracer_common::{EventKind, ThreadCounters, ThreadStats};
 
 use crate::{
     recording::{
-        EndReason, MigrationRoute, PreemptorRecord, Recording, TargetMeta, WaitSamples,
-        assemble_threads, comm_string,
+        EndReason, MigrationRoute, PreemptorRecord, Recording, TargetMeta, ThreadInputs,
+        WaitSamples, assemble_threads, comm_string,
+        counters::{CounterBins, CounterTotals},
     },
     sources::{
-        ebpf::{ProbeOptions, SchedProbes},
+        ebpf::{ProbeOptions, Record, SchedProbes, layout},
+        host::{self, Capabilities},
+        perf::{CounterChoice, PerfSet, slot_name},
         privileges,
         process::{Target, comm_of, monotonic_ns},
     },
@@ -31,6 +34,10 @@ pub struct SessionOptions {
     /// None: until the target exits or the user interrupts.
     pub duration: Option<Duration>,
     pub probes: ProbeOptions,
+    /// Which perf counters to read at each context switch.
+    pub counters: CounterChoice,
+    /// Width of the time bins of the counter series.
+    pub bin: Duration,
     /// Draw a progress line on stderr (only when it is a terminal).
     pub progress: bool,
     /// Print the "recording ..." notice on stderr.
@@ -74,6 +81,33 @@ fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
     bar
 }
 
+/// What the session accumulates from the ring buffer and the reaped threads while recording.
+struct Collector {
+    samples: BTreeMap<u32, WaitSamples>,
+    bins: CounterBins,
+    finished: Vec<ThreadStats>,
+    finished_counters: Vec<(u32, ThreadCounters)>,
+    records: u64,
+}
+
+impl Collector {
+    fn on_record(&mut self, rec: Record) {
+        self.records += 1;
+        match rec {
+            Record::Event(ev) => {
+                if ev.kind == EventKind::SwitchIn as u32 && ev.value > 0 {
+                    self.samples.entry(ev.tid).or_default().record(ev.value);
+                }
+            }
+            Record::Counters(slice) => self.bins.add(&slice),
+        }
+    }
+
+    fn drain(&mut self, probes: &mut SchedProbes) {
+        probes.drain(|r| self.on_record(r));
+    }
+}
+
 /// Records `target`. `attached` runs once every probe is attached (`tracer run` releases its
 /// child there).
 pub async fn record(
@@ -82,7 +116,9 @@ pub async fn record(
     attached: impl FnOnce() -> Result<()>,
 ) -> Result<Recording> {
     privileges::check()?;
-    let mut probes = SchedProbes::load(target.pid, &opts.probes)?;
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    let perf = PerfSet::open(opts.counters, &cpus);
+    let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf)?;
     let exit_fd = pidfd(target.pid);
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -92,35 +128,21 @@ pub async fn record(
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
     if opts.notices {
-        if let Some(reason) = &probes.fallback_reason {
-            eprintln!("tracer: using classic tracepoints: {reason}");
-        }
-        let until = match opts.duration {
-            Some(d) => format!("for {}", humantime(d)),
-            None => "until it exits".to_string(),
-        };
-        eprintln!(
-            "tracer: recording PID {} ({}, {} threads) {until}; Ctrl-C stops early and still reports",
-            target.pid,
-            target.comm,
-            initial.len()
-        );
+        notices(target, opts, &probes, &perf, initial.len());
     }
     attached()?;
 
     let bar = progress_bar(opts, target.pid);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(TICK);
-    let mut samples: BTreeMap<u32, WaitSamples> = BTreeMap::new();
-    let mut finished: Vec<ThreadStats> = Vec::new();
-    let mut events_received = 0u64;
-    let mut target_exited_ns = None;
-
-    let mut on_event = |ev: tracer_common::Event| {
-        if ev.kind == EventKind::SwitchIn as u32 && ev.value > 0 {
-            samples.entry(ev.tid).or_default().record(ev.value);
-        }
+    let mut col = Collector {
+        samples: BTreeMap::new(),
+        bins: CounterBins::new(start, opts.bin.as_nanos() as u64),
+        finished: Vec::new(),
+        finished_counters: Vec::new(),
+        records: 0,
     };
+    let mut target_exited_ns = None;
     let end_reason = loop {
         let sleep = async {
             match deadline {
@@ -139,18 +161,20 @@ pub async fn record(
                 let mut guard = guard.context("waiting on the ring buffer")?;
                 guard.clear_ready();
                 drop(guard);
-                events_received += probes.drain(&mut on_event) as u64;
+                col.drain(&mut probes);
             }
             _ = tick.tick() => {
-                events_received += probes.drain(&mut on_event) as u64;
-                finished.extend(probes.reap_dead()?);
+                col.drain(&mut probes);
+                let (dead, dead_counters) = probes.reap_dead()?;
+                col.finished.extend(dead);
+                col.finished_counters.extend(dead_counters);
                 if let Some(d) = opts.duration {
                     bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
                 } else {
                     bar.tick();
                 }
                 let dropped = probes.losses().map(|l| l.ringbuf_dropped).unwrap_or(0);
-                bar.set_message(format!("{events_received} events, {dropped} dropped"));
+                bar.set_message(format!("{} events, {dropped} dropped", col.records));
             }
             _ = sleep => break EndReason::Duration,
             _ = interrupt.recv() => break EndReason::Interrupted,
@@ -165,10 +189,48 @@ pub async fn record(
 
     probes.detach();
     let end = monotonic_ns();
-    events_received += probes.drain(&mut on_event) as u64;
+    col.drain(&mut probes);
+    drop(perf);
+    let ended = Ended {
+        start,
+        end,
+        end_reason,
+        target_exited_ns,
+        initial,
+    };
+    collect(target, opts, &mut probes, col, ended)
+}
+
+/// How the window went.
+struct Ended {
+    start: u64,
+    end: u64,
+    end_reason: EndReason,
+    target_exited_ns: Option<u64>,
+    initial: BTreeMap<u32, crate::sources::process::ThreadInfo>,
+}
+
+/// Reads what the kernel side kept and assembles the recording.
+fn collect(
+    target: &Target,
+    opts: &SessionOptions,
+    probes: &mut SchedProbes,
+    mut col: Collector,
+    w: Ended,
+) -> Result<Recording> {
     let losses = probes.losses()?;
     let mut kernel = probes.threads()?;
-    kernel.extend(finished);
+    kernel.append(&mut col.finished);
+    let mut counters: BTreeMap<u32, CounterTotals> = probes
+        .thread_counters()?
+        .iter()
+        .map(|(tid, c)| (*tid, CounterTotals::from(c)))
+        .collect();
+    counters.extend(
+        col.finished_counters
+            .iter()
+            .map(|(tid, c)| (*tid, CounterTotals::from(c))),
+    );
     let preemptors = probes
         .preemptors()?
         .into_iter()
@@ -191,8 +253,19 @@ pub async fn record(
             count,
         })
         .collect();
-    let final_names = target.threads();
-    let threads = assemble_threads(kernel, &initial, &final_names, samples, start, end);
+    let inputs = ThreadInputs {
+        kernel,
+        initial: w.initial,
+        final_names: target.threads(),
+        samples: std::mem::take(&mut col.samples),
+        counters,
+    };
+    let threads = assemble_threads(inputs, w.start, w.end);
+    let btf_path = opts
+        .probes
+        .btf_path
+        .clone()
+        .unwrap_or_else(|| layout::VMLINUX_BTF.into());
     Ok(Recording {
         tracer_version: env!("CARGO_PKG_VERSION"),
         target: TargetMeta {
@@ -202,16 +275,57 @@ pub async fn record(
         },
         probe_mode: probes.mode(),
         probe_fallback_reason: probes.fallback_reason.clone(),
-        start_ns: start,
-        end_ns: end,
-        end_reason,
-        target_exited_ns,
+        start_ns: w.start,
+        end_ns: w.end,
+        end_reason: w.end_reason,
+        target_exited_ns: w.target_exited_ns,
         threads,
         preemptors,
         migration_routes,
         losses,
-        events_received,
+        events_received: col.records,
+        capabilities: Capabilities {
+            pmu: probes.pmu.clone(),
+            btf: host::btf(&btf_path),
+            tracefs: host::tracefs(),
+            gpu: host::gpu().capability,
+        },
+        counter_mask: probes.counter_mask,
+        counter_bins: col.bins,
     })
+}
+
+fn notices(
+    target: &Target,
+    opts: &SessionOptions,
+    probes: &SchedProbes,
+    perf: &PerfSet,
+    threads: usize,
+) {
+    if let Some(reason) = &probes.fallback_reason {
+        eprintln!("tracer: using classic tracepoints: {reason}");
+    }
+    if matches!(opts.counters, CounterChoice::Auto | CounterChoice::All) && !perf.pmu.llc_available
+    {
+        eprintln!(
+            "tracer: LLC/IPC counters unavailable: {}; cache thrash will not be assessed",
+            perf.pmu.reason
+        );
+    }
+    for (slot, why) in &perf.software_errors {
+        eprintln!(
+            "tracer: software counter {} unavailable: {why}",
+            slot_name(*slot)
+        );
+    }
+    let until = match opts.duration {
+        Some(d) => format!("for {}", humantime(d)),
+        None => "until it exits".to_string(),
+    };
+    eprintln!(
+        "tracer: recording PID {} ({}, {threads} threads) {until}; Ctrl-C stops early and still reports",
+        target.pid, target.comm,
+    );
 }
 
 /// "10s", "1.5s", "250ms".

@@ -64,6 +64,9 @@ fn own_counts() -> (u64, u64, u64) {
     )
 }
 
+/// The counts the exiting thread read just before it exited.
+static LEAVER: Mutex<Option<(u32, u64, u64, u64)>> = Mutex::new(None);
+
 /// A gate threads park on between rounds.
 struct Gate {
     round: Mutex<u64>,
@@ -131,8 +134,10 @@ fn main() {
     };
     let cpu: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let millis: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);
-    // Each round, every worker passes this barrier when its work is done.
-    let done = Arc::new(Barrier::new(n + 1));
+    // Each round, every worker passes this barrier when its work is done (in lifecycle, the
+    // worker that exits does not).
+    let parties = if scenario == "lifecycle" { n } else { n + 1 };
+    let done = Arc::new(Barrier::new(parties));
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     for index in 0..n {
         let gate = Arc::clone(&gate);
@@ -142,7 +147,7 @@ fn main() {
         thread::Builder::new()
             .name(format!("load-{index}"))
             .spawn(move || {
-                tid_tx.send(gettid()).unwrap();
+                tid_tx.send((index, gettid())).unwrap();
                 let mut seen = 0;
                 loop {
                     seen = gate.wait_past(seen);
@@ -153,15 +158,16 @@ fn main() {
                             spin_for(Duration::from_millis(millis));
                         }
                         "lifecycle" if index == 0 => {
-                            // Work, report own counts, and exit inside the window.
+                            // Work, read its own counts, and exit at once inside the window:
+                            // nothing that could block or wake another thread comes between
+                            // the read and the exit system call (the main thread prints the
+                            // counts later).
                             mixed_round(index);
                             let (v, i, m) = own_counts();
-                            say(&format!(
-                                "exiting tid={} vol={v} invol={i} migr={m}",
-                                gettid()
-                            ));
-                            done.wait();
-                            return;
+                            *LEAVER.lock().unwrap() = Some((gettid(), v, i, m));
+                            // SAFETY: ends only this thread; its stack is leaked, and nobody
+                            // joins it.
+                            unsafe { libc::syscall(libc::SYS_exit, 0) };
                         }
                         _ => mixed_round(index),
                     }
@@ -170,7 +176,10 @@ fn main() {
             })
             .unwrap();
     }
-    let tids: Vec<String> = (0..n).map(|_| tid_rx.recv().unwrap().to_string()).collect();
+    // Workers start in any order; list their TIDs by index.
+    let mut tids: Vec<(usize, u32)> = (0..n).map(|_| tid_rx.recv().unwrap()).collect();
+    tids.sort();
+    let tids: Vec<String> = tids.iter().map(|(_, t)| t.to_string()).collect();
     say(&format!(
         "ready pid={} tids={},{}",
         std::process::id(),
@@ -205,6 +214,16 @@ fn main() {
             gate.open();
             done.wait();
             park.wait();
+            // Wait for the leaver to be gone, then say what it read.
+            let (tid, v, i, m) = loop {
+                if let Some(l) = *LEAVER.lock().unwrap()
+                    && !std::path::Path::new(&format!("/proc/self/task/{}", l.0)).exists()
+                {
+                    break l;
+                }
+                thread::sleep(Duration::from_millis(1));
+            };
+            say(&format!("exiting tid={tid} vol={v} invol={i} migr={m}"));
         } else {
             gate.open();
             done.wait();

@@ -1,4 +1,5 @@
 //! Analysis: pure functions from a `Recording` to what the renderers print. No I/O here.
 
+pub mod counters;
 pub mod quantiles;
 pub mod summary;

@@ -3,10 +3,17 @@
 
 use serde::Serialize;
 
-use super::quantiles::{QuantileSource, wait_quantiles};
+use super::{
+    counters::{self, CounterBin, CounterValues, ThreadCounterSummary},
+    quantiles::{QuantileSource, wait_quantiles},
+};
 use crate::{
     recording::{EndReason, MigrationRoute, Recording, ThreadRecord, WaitSamples},
-    sources::ebpf::{Losses, ProbeMode},
+    sources::{
+        ebpf::{Losses, ProbeMode},
+        host::Capabilities,
+        perf::slot_names,
+    },
 };
 
 /// Version of the JSON document's shape; bumped on any incompatible change.
@@ -30,7 +37,11 @@ pub struct Summary {
     pub dropped_events: u64,
     pub events_received: u64,
     pub losses: Losses,
+    /// What this host let the tracer measure; a signal that was not available is "not
+    /// assessed", never "absent".
+    pub capabilities: Capabilities,
     pub totals: Totals,
+    pub counters: CountersSummary,
     /// Sorted by run-queue wait, largest first.
     pub threads: Vec<ThreadSummary>,
     /// Sorted by the waiting they caused, largest first.
@@ -38,6 +49,19 @@ pub struct Summary {
     /// The same, added up per process.
     pub preemptor_processes: Vec<PreemptorProcess>,
     pub migration_routes: Vec<MigrationRoute>,
+}
+
+/// Perf counters for the whole process, and over time.
+#[derive(Debug, Clone, Serialize)]
+pub struct CountersSummary {
+    /// The counters measured (empty: none could be opened, see `capabilities.pmu`).
+    pub measured: Vec<&'static str>,
+    pub bin_ns: u64,
+    /// Totals over all threads.
+    #[serde(flatten)]
+    pub totals: CounterValues,
+    /// All threads added up per time bin, bins with activity only.
+    pub series: Vec<CounterBin>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -81,6 +105,11 @@ pub struct ThreadSummary {
     pub runq_wait_max_ns: u64,
     pub runq_wait_quantiles_from: QuantileSource,
     pub runq_wait_log2_hist: Vec<u32>,
+    /// Perf counters over the thread's slices (null when none were measured).
+    pub counters: Option<ThreadCounterSummary>,
+    /// The thread's counters per time bin, bins with activity only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub counter_bins: Vec<CounterBin>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -141,7 +170,7 @@ fn by_process(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Preemptor
     groups
 }
 
-fn thread_summary(t: &ThreadRecord) -> ThreadSummary {
+fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
     let (p50, p99, from) = wait_quantiles(
         &t.runq_wait_samples,
         &t.runq_wait_log2_hist,
@@ -167,6 +196,26 @@ fn thread_summary(t: &ThreadRecord) -> ThreadSummary {
         runq_wait_max_ns: t.runq_wait_max_ns,
         runq_wait_quantiles_from: from,
         runq_wait_log2_hist: t.runq_wait_log2_hist.clone(),
+        counters: (rec.counter_mask != 0)
+            .then(|| counters::thread_summary(&t.counters.unwrap_or_default(), rec.counter_mask)),
+        counter_bins: counters::thread_series(rec, t.tid),
+    }
+}
+
+fn counters_summary(rec: &Recording) -> CountersSummary {
+    let mut sums = [0u64; tracer_common::PERF_SLOTS];
+    for t in &rec.threads {
+        if let Some(c) = &t.counters {
+            for (sum, v) in sums.iter_mut().zip(c.scaled) {
+                *sum += v;
+            }
+        }
+    }
+    CountersSummary {
+        measured: slot_names(rec.counter_mask),
+        bin_ns: rec.counter_bins.bin_ns,
+        totals: CounterValues::from_slots(&sums, rec.counter_mask),
+        series: counters::process_series(rec),
     }
 }
 
@@ -209,7 +258,8 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
 }
 
 pub fn summarize(rec: &Recording) -> Summary {
-    let mut threads: Vec<ThreadSummary> = rec.threads.iter().map(thread_summary).collect();
+    let mut threads: Vec<ThreadSummary> =
+        rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
     threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
     let attributed: u64 = rec.preemptors.iter().map(|p| p.wait_ns).sum();
     let mut preemptors: Vec<PreemptorSummary> = rec
@@ -249,7 +299,9 @@ pub fn summarize(rec: &Recording) -> Summary {
         dropped_events: rec.losses.ringbuf_dropped,
         events_received: rec.events_received,
         losses: rec.losses,
+        capabilities: rec.capabilities.clone(),
         totals: totals(&rec.threads),
+        counters: counters_summary(rec),
         threads,
         preemptors,
         preemptor_processes,
@@ -286,6 +338,7 @@ mod tests {
             runq_wait_max_ns: waits.iter().copied().max().unwrap_or(0),
             runq_wait_log2_hist: log2,
             runq_wait_samples: samples,
+            counters: None,
         }
     }
 
@@ -308,6 +361,9 @@ mod tests {
             migration_routes: vec![],
             losses: Losses::default(),
             events_received: 0,
+            capabilities: crate::sources::host::tests::no_capabilities(),
+            counter_mask: 0,
+            counter_bins: Default::default(),
         }
     }
 

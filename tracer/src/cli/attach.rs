@@ -6,10 +6,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::{RecordArgs, parse_duration, print_recording, runtime};
-use crate::{
-    session::{SessionOptions, record},
-    sources::process::Target,
-};
+use crate::{session::record, sources::process::Target};
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
@@ -33,12 +30,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
             target.pid, target.comm
         );
     }
-    let opts = SessionOptions {
-        duration: Some(args.duration),
-        probes: args.record.probe_options(),
-        progress: !args.record.quiet,
-        notices: !args.record.quiet,
-    };
+    let opts = args.record.session_options(Some(args.duration));
     let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
     print_recording(&rec, &args.record);
     Ok(())

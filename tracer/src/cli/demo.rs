@@ -15,7 +15,7 @@ use super::{RecordArgs, parse_duration, runtime};
 use crate::{
     analysis::summary::{Summary, summarize},
     render::{self, text::dur},
-    session::{SessionOptions, record},
+    session::record,
     sources::{
         privileges,
         process::{Target, monotonic_ns},
@@ -144,12 +144,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         Some(hog)
     };
     let target = Target::resolve(pid)?;
-    let opts = SessionOptions {
-        duration: Some(args.duration),
-        probes: args.record.probe_options(),
-        progress: !args.record.quiet,
-        notices: !args.record.quiet,
-    };
+    let opts = args.record.session_options(Some(args.duration));
     let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
     drop(_hog);
     let mut server = server;

@@ -2,6 +2,7 @@
 
 mod attach;
 mod demo;
+mod doctor;
 mod run;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -12,7 +13,11 @@ use crate::{
     analysis::summary::summarize,
     recording::Recording,
     render,
-    sources::ebpf::{ProbeChoice, ProbeOptions},
+    session::SessionOptions,
+    sources::{
+        ebpf::{ProbeChoice, ProbeOptions},
+        perf::CounterChoice,
+    },
     workload,
 };
 
@@ -22,6 +27,7 @@ use crate::{
 #[command(name = "tracer", version, about, long_about = None)]
 #[command(after_help = "EXAMPLES:
     tracer demo                          # built-in workload + CPU hogs, attached and explained
+    tracer doctor                        # what this host can measure
     sudo tracer attach --pid 1234        # record PID 1234 for 10 s and summarize
     sudo tracer attach --pid 1234 -d 30s --json > trace.json
     sudo tracer run -- python3 serve.py  # trace a command from its first instruction")]
@@ -38,6 +44,8 @@ enum Command {
     Run(run::RunArgs),
     /// Run the built-in inference-like workload under a CPU disturbance and explain it.
     Demo(demo::DemoArgs),
+    /// Say what this host lets the tracer measure, and what to do about the rest.
+    Doctor(doctor::DoctorArgs),
     /// The built-in workload (used by `demo` and the tests).
     #[command(hide = true)]
     Workload(workload::server::WorkloadArgs),
@@ -65,14 +73,29 @@ pub struct RecordArgs {
     /// at a missing file to exercise the classic fallback).
     #[arg(long, hide = true)]
     pub btf: Option<PathBuf>,
+    /// Perf counters read at each context switch of the target: hardware (cycles,
+    /// instructions, LLC references/misses) where a PMU allows, software (cpu-clock,
+    /// context-switches, cpu-migrations, to check the plumbing), all, or none.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub counters: CounterChoice,
+    /// Width of the time bins of the counter series (IPC, MPKI over time).
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub bin: Duration,
 }
 
 impl RecordArgs {
-    pub fn probe_options(&self) -> ProbeOptions {
-        ProbeOptions {
-            choice: self.probes,
-            ring_bytes: self.ring_kib * 1024,
-            btf_path: self.btf.clone(),
+    pub fn session_options(&self, duration: Option<Duration>) -> SessionOptions {
+        SessionOptions {
+            duration,
+            probes: ProbeOptions {
+                choice: self.probes,
+                ring_bytes: self.ring_kib * 1024,
+                btf_path: self.btf.clone(),
+            },
+            counters: self.counters,
+            bin: self.bin,
+            progress: !self.quiet,
+            notices: !self.quiet,
         }
     }
 }
@@ -129,6 +152,7 @@ pub fn main() -> ExitCode {
         Command::Attach(a) => attach::run(a),
         Command::Run(r) => run::run(r),
         Command::Demo(d) => demo::run(d),
+        Command::Doctor(d) => doctor::run(d),
         Command::Workload(w) => workload::server::run(w),
         Command::Hog(h) => workload::hog::run(h),
     };

@@ -7,10 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use super::{RecordArgs, parse_duration, print_recording, runtime};
-use crate::{
-    session::{SessionOptions, record},
-    sources::process::Target,
-};
+use crate::{session::record, sources::process::Target};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -112,12 +109,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         cmdline: args.command.clone(),
         resolved_from_tid: None,
     };
-    let opts = SessionOptions {
-        duration: args.duration,
-        probes: args.record.probe_options(),
-        progress: !args.record.quiet,
-        notices: !args.record.quiet,
-    };
+    let opts = args.record.session_options(args.duration);
     // If recording fails before the release, dropping the gate makes the child exit unrun.
     let rec = runtime()?.block_on(record(&target, &opts, || child.release()))?;
     if !args.record.quiet {

@@ -173,6 +173,8 @@ pub fn render(s: &Summary) -> String {
         );
     }
 
+    counters(&mut out, s);
+
     if s.preemptors.is_empty() {
         let _ = writeln!(
             out,
@@ -200,6 +202,67 @@ pub fn render(s: &Summary) -> String {
         let _ = writeln!(out, "{pt}");
     }
     out
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// The counters section: what was measured, or plainly why not and what that means.
+fn counters(out: &mut String, s: &Summary) {
+    let pmu = &s.capabilities.pmu;
+    let c = &s.counters;
+    if !pmu.llc_available {
+        let _ = writeln!(
+            out,
+            "\nCPU counters: LLC/IPC unavailable: {}.\n  Cache thrash cannot be assessed from this \
+             recording (not assessed, which is not the same as absent).",
+            pmu.reason
+        );
+    }
+    if c.measured.is_empty() {
+        return;
+    }
+    let hw = c.totals.cycles.is_some() || c.totals.llc_misses.is_some();
+    if hw {
+        let _ = writeln!(
+            out,
+            "\nCPU counters by thread (IPC: instructions/cycle, MPKI: LLC misses per 1000              instructions):"
+        );
+        let mut t = table(&["TID", "COMM", "IPC", "MPKI", "LLC MISS%", "COUNTED%"]);
+        let mut rows: Vec<_> = s.threads.iter().filter(|t| t.counters.is_some()).collect();
+        rows.sort_by_key(|t| {
+            std::cmp::Reverse(
+                t.counters
+                    .as_ref()
+                    .and_then(|c| c.values.llc_misses)
+                    .unwrap_or(0),
+            )
+        });
+        for th in rows.iter().take(MAX_THREAD_ROWS) {
+            let k = th.counters.as_ref().expect("filtered");
+            t.add_row(vec![
+                th.tid.to_string(),
+                th.comm.clone(),
+                opt(k.values.ipc.map(|v| format!("{v:.2}"))),
+                opt(k.values.mpki.map(|v| format!("{v:.2}"))),
+                opt(k.values.llc_miss_ratio.map(pct)),
+                opt(k.multiplexing_ratio.map(pct)),
+            ]);
+        }
+        let _ = writeln!(out, "{t}");
+    }
+    let sw = &c.totals;
+    if let (Some(clock), Some(switches)) = (sw.cpu_clock_ns, sw.context_switches) {
+        let _ = writeln!(
+            out,
+            "\nSoftware counters, read at the same context switches: cpu-clock {} (scheduler: \
+             on-CPU {}), {switches} context switches, {} migrations",
+            dur(clock),
+            dur(s.totals.oncpu_ns),
+            opt(sw.cpu_migrations)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! Where measurements come from. Each source knows its own kernel or library interface and
 //! hands plain data to the session.
 
+pub mod cgroup;
 pub mod ebpf;
+pub mod host;
+pub mod perf;
 pub mod privileges;
 pub mod process;

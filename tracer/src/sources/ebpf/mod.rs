@@ -4,22 +4,29 @@
 
 pub mod btf;
 pub mod layout;
+mod ring;
 
-use std::{collections::HashMap as StdHashMap, path::Path};
+pub use ring::{Record, decode};
+
+use std::{
+    collections::HashMap as StdHashMap,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, Map, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 use tracer_common::{
-    COUNTER_SLOTS, Config, Event, MigrationKey, Preemptor, ThreadState, ThreadStats,
+    COUNTER_SLOTS, Config, MigrationKey, Preemptor, ThreadCounters, ThreadState, ThreadStats,
 };
 
-use crate::error::TracerError;
+use crate::{error::TracerError, sources::perf::PerfSet};
 
 /// The eBPF object built by build.rs from `tracer-ebpf`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-probes"));
@@ -84,6 +91,9 @@ pub struct Losses {
     pub unseen_switch_outs: u64,
 }
 
+/// Dead threads moved out of the kernel maps: their totals and their counters.
+pub type Reaped = (Vec<ThreadStats>, Vec<(u32, ThreadCounters)>);
+
 /// Options for loading the probes.
 pub struct ProbeOptions {
     pub choice: ProbeChoice,
@@ -101,6 +111,9 @@ pub struct SchedProbes {
     btf: Option<Btf>,
     /// Why tp_btf was not used, when it was not.
     pub fallback_reason: Option<String>,
+    /// The PMU capability and the counter slots the programs read.
+    pub pmu: crate::sources::perf::PmuCapability,
+    pub counter_mask: u32,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -110,8 +123,9 @@ fn load_error(e: impl std::fmt::Display) -> TracerError {
 }
 
 impl SchedProbes {
-    /// Loads and configures the probes for `target_tgid`; nothing is attached yet.
-    pub fn load(target_tgid: u32, opts: &ProbeOptions) -> Result<Self> {
+    /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
+    /// each of its context switches; nothing is attached yet.
+    pub fn load(target_tgid: u32, opts: &ProbeOptions, perf: &PerfSet) -> Result<Self> {
         if OBJECT.is_empty() {
             return Err(load_error(
                 "this binary was built without its eBPF programs (AYA_BUILD_SKIP); rebuild it \
@@ -157,14 +171,16 @@ impl SchedProbes {
             layout::apply_classic_formats(&tracefs, &mut config)?;
         }
 
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))? as u32;
+        let cpus = possible_cpus()?;
+        config.counter_mask = perf.mask;
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref())
             .override_global("CONFIG", &config, true)
-            .map_max_entries("CPU_WAIT", cpus.max(1))
+            .map_max_entries("CPU_WAIT", cpus)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(OBJECT)
             .map_err(|e| load_error(format!("{e:#}")))?;
+        install_counters(&ebpf, perf)?;
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
         // SAFETY: the ring buffer owns its map fd, which stays open as long as the AsyncFd holds
         // the ring buffer.
@@ -177,6 +193,8 @@ impl SchedProbes {
             events,
             btf,
             fallback_reason,
+            pmu: perf.pmu.clone(),
+            counter_mask: perf.mask,
         })
     }
 
@@ -187,17 +205,15 @@ impl SchedProbes {
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
     /// need them; tp_btf filters on the TGID alone).
     pub fn attach(&mut self, threads: impl Fn() -> Vec<u32>) -> Result<()> {
+        self.verify()?;
         match self.mode {
             ProbeMode::TpBtf => {
-                let btf = self.btf.as_ref().context("BTF")?;
-                for (name, tracepoint) in BTF_PROGRAMS {
+                for (name, _) in BTF_PROGRAMS {
                     let prog: &mut BtfTracePoint = self
                         .ebpf
                         .program_mut(name)
                         .with_context(|| format!("program {name}"))?
                         .try_into()?;
-                    prog.load(tracepoint, btf)
-                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
                     let id = prog.attach().with_context(|| format!("attaching {name}"))?;
                     self.links.push(Link::Btf(prog.take_link(id)?));
                 }
@@ -221,12 +237,41 @@ impl SchedProbes {
                         .program_mut(name)
                         .with_context(|| format!("program {name}"))?
                         .try_into()?;
-                    prog.load()
-                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
                     let id = prog
                         .attach(category, tracepoint)
                         .with_context(|| format!("attaching {category}/{tracepoint}"))?;
                     self.links.push(Link::Classic(prog.take_link(id)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads every program of the chosen family into the kernel (through the verifier) without
+    /// attaching anything: what `tracer doctor` checks.
+    pub fn verify(&mut self) -> Result<()> {
+        match self.mode {
+            ProbeMode::TpBtf => {
+                let btf = self.btf.as_ref().context("BTF")?;
+                for (name, tracepoint) in BTF_PROGRAMS {
+                    let prog: &mut BtfTracePoint = self
+                        .ebpf
+                        .program_mut(name)
+                        .with_context(|| format!("program {name}"))?
+                        .try_into()?;
+                    prog.load(tracepoint, btf)
+                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
+                }
+            }
+            ProbeMode::Classic => {
+                for (name, _, _) in CLASSIC_PROGRAMS {
+                    let prog: &mut TracePoint = self
+                        .ebpf
+                        .program_mut(name)
+                        .with_context(|| format!("program {name}"))?
+                        .try_into()?;
+                    prog.load()
+                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
                 }
             }
         }
@@ -245,13 +290,13 @@ impl SchedProbes {
         &mut self.events
     }
 
-    /// Takes every event now in the ring buffer.
-    pub fn drain(&mut self, mut f: impl FnMut(Event)) -> usize {
+    /// Takes every record now in the ring buffer.
+    pub fn drain(&mut self, mut f: impl FnMut(Record)) -> usize {
         let ring = self.events.get_mut();
         let mut n = 0;
         while let Some(item) = ring.next() {
-            if let Some(ev) = decode_event(&item) {
-                f(ev);
+            if let Some(rec) = decode(&item) {
+                f(rec);
                 n += 1;
             }
         }
@@ -265,8 +310,9 @@ impl SchedProbes {
     }
 
     /// Removes the entries of threads that have exited and switched out for the last time, and
-    /// returns them: the map then has room for new threads however many come and go.
-    pub fn reap_dead(&mut self) -> Result<Vec<ThreadStats>> {
+    /// returns them with their counters: the maps then have room for new threads however many
+    /// come and go.
+    pub fn reap_dead(&mut self) -> Result<Reaped> {
         let mut map = self.threads_map()?;
         let dead: Vec<ThreadStats> = map
             .iter()
@@ -277,7 +323,29 @@ impl SchedProbes {
         for t in &dead {
             let _ = map.remove(&t.tid);
         }
-        Ok(dead)
+        let mut counters = self.counters_map()?;
+        let dead_counters: Vec<(u32, ThreadCounters)> = dead
+            .iter()
+            .filter_map(|t| Some((t.tid, counters.get(&t.tid, 0).ok()?)))
+            .collect();
+        for (tid, _) in &dead_counters {
+            let _ = counters.remove(tid);
+        }
+        Ok((dead, dead_counters))
+    }
+
+    fn counters_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadCounters>> {
+        Ok(HashMap::try_from(
+            self.ebpf
+                .map_mut("THREAD_COUNTERS")
+                .context("THREAD_COUNTERS map")?,
+        )?)
+    }
+
+    /// Perf counter totals per thread.
+    pub fn thread_counters(&mut self) -> Result<Vec<(u32, ThreadCounters)>> {
+        let map = self.counters_map()?;
+        Ok(map.iter().filter_map(|r| r.ok()).collect())
     }
 
     pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {
@@ -342,37 +410,55 @@ fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
         .with_context(|| format!("parsing {}", path.display()))
 }
 
-/// Decodes one ring buffer record, refusing anything of the wrong size.
-pub fn decode_event(bytes: &[u8]) -> Option<Event> {
-    if bytes.len() < std::mem::size_of::<Event>() {
-        return None;
-    }
-    // SAFETY: the length is checked above and Event is plain integers (valid for any bits);
-    // read_unaligned because the record's alignment is not guaranteed to match.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+/// Number of possible CPUs: CPU numbers index per-CPU maps.
+fn possible_cpus() -> Result<u32> {
+    Ok(aya::util::nr_cpus()
+        .map_err(|(what, e)| anyhow!("{what}: {e}"))?
+        .max(1) as u32)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn short_records_are_refused() {
-        assert_eq!(decode_event(&[0u8; 31]), None);
-        let ev = Event {
-            ts_ns: 7,
-            tid: 42,
-            kind: 1,
-            cpu: 3,
-            aux: 9,
-            value: 1000,
+/// Puts each counter's fd at its CPU's index of its slot's perf event array. aya 0.14 has no
+/// setter for perf event arrays, so this is a plain BPF_MAP_UPDATE_ELEM.
+fn install_counters(ebpf: &Ebpf, perf: &PerfSet) -> Result<()> {
+    for (slot, cpu, fd) in perf.fds() {
+        let Some(Map::PerfEventArray(map)) = ebpf.map(slot.map_name()) else {
+            anyhow::bail!("{} is not a perf event array", slot.map_name());
         };
-        // SAFETY: viewing a plain-integer struct as bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&ev as *const Event).cast::<u8>(), size_of::<Event>())
+        let map_fd = map.fd().as_fd().as_raw_fd();
+        let key: u32 = cpu;
+        let value: u32 = fd as u32;
+        // union bpf_attr for BPF_MAP_*_ELEM: map_fd, (pad), key ptr, value ptr, flags.
+        #[repr(C)]
+        struct Attr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let attr = Attr {
+            map_fd: map_fd as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: &value as *const u32 as u64,
+            flags: 0,
         };
-        let mut unaligned = vec![0u8];
-        unaligned.extend_from_slice(bytes);
-        assert_eq!(decode_event(&unaligned[1..]), Some(ev));
+        const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+        // SAFETY: attr points at live locals for the duration of the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_ELEM,
+                &attr as *const Attr,
+                size_of::<Attr>(),
+            )
+        };
+        if rc != 0 {
+            anyhow::bail!(
+                "installing perf counter (slot {slot:?}, cpu {cpu}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
     }
+    Ok(())
 }

@@ -2,14 +2,18 @@
 //! the sources. Assembly is pure: the kernel's per-thread totals and the window edges in, closed
 //! per-thread accounts out.
 
+pub mod counters;
+
 use std::collections::BTreeMap;
 
+use counters::{CounterBins, CounterTotals};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, ThreadState, ThreadStats};
 
 use crate::sources::{
     ebpf::{Losses, ProbeMode},
+    host::Capabilities,
     process::ThreadInfo,
 };
 
@@ -78,6 +82,8 @@ pub struct ThreadRecord {
     pub runq_wait_log2_hist: Vec<u32>,
     #[serde(skip)]
     pub runq_wait_samples: WaitSamples,
+    /// Perf counter totals over the thread's slices in the window, if counters were open.
+    pub counters: Option<CounterTotals>,
 }
 
 impl ThreadRecord {
@@ -125,6 +131,12 @@ pub struct Recording {
     pub migration_routes: Vec<MigrationRoute>,
     pub losses: Losses,
     pub events_received: u64,
+    /// What could be measured on this host, and why not where not.
+    pub capabilities: Capabilities,
+    /// Bit k: perf counter slot k was measured (`PerfSlot`).
+    pub counter_mask: u32,
+    #[serde(skip)]
+    pub counter_bins: CounterBins,
 }
 
 impl Recording {
@@ -190,6 +202,7 @@ pub fn close_thread(
         runq_wait_max_ns: s.runq_wait_max_ns,
         runq_wait_log2_hist: s.runq_hist.to_vec(),
         runq_wait_samples: samples,
+        counters: None,
     }
 }
 
@@ -215,29 +228,39 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
         runq_wait_max_ns: 0,
         runq_wait_log2_hist: vec![0; tracer_common::RUNQ_HIST_SLOTS],
         runq_wait_samples: WaitSamples::default(),
+        counters: None,
     }
 }
 
-/// Joins kernel accounts, threads /proc listed at the start, and the per-thread wait samples
-/// into thread records sorted by TID.
-pub fn assemble_threads(
-    kernel: Vec<ThreadStats>,
-    initial: &BTreeMap<u32, ThreadInfo>,
-    final_names: &BTreeMap<u32, ThreadInfo>,
-    mut samples: BTreeMap<u32, WaitSamples>,
-    start: u64,
-    end: u64,
-) -> Vec<ThreadRecord> {
+/// What the sources produced for the threads, to be joined into thread records.
+#[derive(Default)]
+pub struct ThreadInputs {
+    /// The kernel's per-thread accounts.
+    pub kernel: Vec<ThreadStats>,
+    /// Threads /proc listed at the start, and at the end (for their current names).
+    pub initial: BTreeMap<u32, ThreadInfo>,
+    pub final_names: BTreeMap<u32, ThreadInfo>,
+    /// Run-queue waits from the timeline.
+    pub samples: BTreeMap<u32, WaitSamples>,
+    /// Perf counter totals, when counters were open.
+    pub counters: BTreeMap<u32, CounterTotals>,
+}
+
+/// Joins the inputs into thread records sorted by TID.
+pub fn assemble_threads(mut inp: ThreadInputs, start: u64, end: u64) -> Vec<ThreadRecord> {
     let mut out: BTreeMap<u32, ThreadRecord> = BTreeMap::new();
-    for s in &kernel {
-        let name = final_names
+    for s in &inp.kernel {
+        let name = inp
+            .final_names
             .get(&s.tid)
-            .or_else(|| initial.get(&s.tid))
+            .or_else(|| inp.initial.get(&s.tid))
             .map(|i| i.comm.as_str());
-        let w = samples.remove(&s.tid).unwrap_or_default();
-        out.insert(s.tid, close_thread(s, start, end, name, w));
+        let w = inp.samples.remove(&s.tid).unwrap_or_default();
+        let mut rec = close_thread(s, start, end, name, w);
+        rec.counters = inp.counters.remove(&s.tid);
+        out.insert(s.tid, rec);
     }
-    for (tid, info) in initial {
+    for (tid, info) in &inp.initial {
         out.entry(*tid)
             .or_insert_with(|| quiet_thread(info, start, end));
     }
@@ -317,10 +340,11 @@ mod tests {
         s.state_ts_ns = 200;
         s.involuntary_switches = 1;
         let threads = assemble_threads(
-            vec![s],
-            &initial,
-            &BTreeMap::new(),
-            BTreeMap::new(),
+            ThreadInputs {
+                kernel: vec![s],
+                initial,
+                ..Default::default()
+            },
             0,
             1000,
         );

@@ -1,0 +1,230 @@
+//! Perf counters: the software set read through the per-switch path, checked against /proc,
+//! `perf stat` and the scheduler data; hardware counters said to be unavailable, plainly, where
+//! there is no PMU; `tracer doctor`.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use tracer_tests::{Testload, Tracer, require_root, run_tracer, serial, snapshot, thread_json, u};
+
+/// True when this machine exposes a CPU PMU (our CI VMs do not).
+fn pmu_present() -> bool {
+    std::fs::read_dir("/sys/bus/event_source/devices")
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("cpu"))
+        })
+        .unwrap_or(false)
+}
+
+/// `perf stat -x,` output: value of the event named `name`.
+fn perf_value(csv: &str, name: &str) -> u64 {
+    csv.lines()
+        .find(|l| l.split(',').nth(2) == Some(name))
+        .and_then(|l| l.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("perf stat printed no {name}:\n{csv}"))
+}
+
+#[test]
+fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
+    let _guard = serial();
+    require_root();
+    let mut load = Testload::spawn(&["mixed", "3"]);
+    load.settle();
+    let pid = load.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--duration",
+        "60s",
+        "--json",
+        "--counters",
+        "software",
+        "--bin",
+        "5ms",
+    ]);
+    load.settle();
+    let before = snapshot(load.pid);
+    // perf stat's own per-thread counters: an independent count of the same switches.
+    let perf = Command::new("perf")
+        .args([
+            "stat",
+            "-x,",
+            "-e",
+            "context-switches,cpu-migrations",
+            "-p",
+            &pid,
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("perf (linux-perf; cargo xtask setup installs it)");
+    std::thread::sleep(Duration::from_millis(300));
+    load.send("go");
+    load.expect("done");
+    load.settle();
+    let after = snapshot(load.pid);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+    let perf_out = perf.wait_with_output().expect("perf stat");
+    let perf_csv = String::from_utf8_lossy(&perf_out.stderr).into_owned();
+    tracer.signal(libc::SIGINT);
+    let out = tracer.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    assert_eq!(
+        doc["counters"]["measured"],
+        serde_json::json!(["cpu_clock_ns", "context_switches", "cpu_migrations"])
+    );
+
+    // Slices whose switch-in the kernel did not trace (see losses.unseen_switch_ins) have no
+    // starting reading and cannot be counted; there are few, and they are counted.
+    let unseen = u(&doc["losses"]["unseen_switch_ins"]);
+    let mut switches = 0;
+    for (tid, a) in &after {
+        let d = *a - before[tid];
+        let t = thread_json(&doc, *tid);
+        let c = &t["counters"];
+        // Each on-CPU slice of a thread counts exactly one context switch (the one that
+        // brought it in). The workload is parked at both ends of the window, so every
+        // switch-out has its slice: exact, but for the unseen switch-ins.
+        let counted = u(&c["context_switches"]);
+        let kernel = d.voluntary + d.involuntary;
+        assert!(
+            counted <= kernel && counted + unseen >= kernel,
+            "tid {tid}: context switches via perf {counted} vs /proc {kernel} ({unseen} unseen)"
+        );
+        switches += d.voluntary + d.involuntary;
+        // perf counts a migration when the task is next switched in, so several moves while
+        // it sleeps count once: at most the kernel's nr_migrations.
+        assert!(u(&c["cpu_migrations"]) <= d.migrations, "tid {tid}: {c}");
+        // cpu-clock over the slices vs the scheduler's on-CPU time: both time the same
+        // slices, with different clocks and at slightly different points of the switch.
+        // Within 2 % + 1 ms.
+        let clock = u(&c["cpu_clock_ns"]);
+        let oncpu = u(&t["oncpu_ns"]);
+        assert!(
+            clock.abs_diff(oncpu) <= oncpu / 50 + 1_000_000,
+            "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu}"
+        );
+        assert!(
+            clock.abs_diff(d.oncpu_ns) <= d.oncpu_ns / 50 + 1_000_000,
+            "tid {tid}: cpu-clock {clock} vs schedstat {}",
+            d.oncpu_ns
+        );
+    }
+    assert_eq!(
+        perf_value(&perf_csv, "context-switches"),
+        switches,
+        "perf stat over the same window"
+    );
+    let migrations: u64 = after
+        .keys()
+        .map(|t| u(&thread_json(&doc, *t)["counters"]["cpu_migrations"]))
+        .sum();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(migrations > 0, "the workload changes affinity");
+    }
+
+    // The series: 5 ms bins whose sums are the totals, and no bin holding more CPU time
+    // than the CPUs had.
+    assert_eq!(u(&doc["counters"]["bin_ns"]), 5_000_000);
+    let series = doc["counters"]["series"].as_array().unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut clock_sum = 0;
+    for b in series {
+        let clock = u(&b["cpu_clock_ns"]);
+        assert!(clock <= 5_000_000 * cpus + 1, "bin {b}");
+        clock_sum += clock;
+    }
+    let total = u(&doc["counters"]["cpu_clock_ns"]);
+    assert!(
+        clock_sum.abs_diff(total) <= series.len() as u64,
+        "{clock_sum} vs {total}"
+    );
+    assert!(
+        series.len() >= 4,
+        "the round lasts several bins: {}",
+        series.len()
+    );
+    // Hardware counters were not requested: no IPC, and said so.
+    assert!(doc["counters"]["ipc"].is_null());
+}
+
+#[test]
+fn hardware_counters_say_plainly_when_unavailable() {
+    let _guard = serial();
+    require_root();
+    let load = Testload::spawn(&["mixed", "1"]);
+    let pid = load.pid.to_string();
+    let out = run_tracer(&["attach", "--pid", &pid, "--duration", "300ms", "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let pmu = &doc["capabilities"]["pmu"];
+    if pmu_present() {
+        assert_eq!(pmu["available"], true, "{pmu}");
+        return;
+    }
+    // No PMU: the path a user without one takes. Unavailable, with the reason, and no
+    // counter values pretending to be zero.
+    assert_eq!(pmu["available"], false);
+    assert_eq!(pmu["llc_available"], false);
+    let reason = pmu["reason"].as_str().unwrap();
+    assert!(reason.contains("no hardware PMU"), "{reason}");
+    assert_eq!(doc["counters"]["measured"], serde_json::json!([]));
+    for t in doc["threads"].as_array().unwrap() {
+        assert!(t["counters"].is_null(), "{t}");
+    }
+    for key in ["btf", "tracefs", "gpu"] {
+        assert!(doc["capabilities"][key]["available"].is_boolean(), "{key}");
+        assert!(doc["capabilities"][key]["reason"].is_string(), "{key}");
+    }
+    assert!(
+        out.stderr.contains("cache thrash will not be assessed"),
+        "{}",
+        out.stderr
+    );
+    // The text summary says what it means for the diagnosis.
+    let text = run_tracer(&["attach", "--pid", &pid, "--duration", "300ms"]);
+    assert!(
+        text.stdout.contains("Cache thrash cannot be assessed"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn doctor_reports_this_host() {
+    let _guard = serial();
+    require_root();
+    let out = run_tracer(&["doctor", "--json", "--pid", &std::process::id().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    let doc = out.json();
+    let caps = &doc["capabilities"];
+    for key in ["pmu", "btf", "tracefs", "gpu"] {
+        assert!(caps[key]["available"].is_boolean(), "{key}: {caps}");
+        assert!(caps[key]["reason"].as_str().is_some_and(|r| !r.is_empty()));
+    }
+    assert_eq!(
+        caps["btf"]["available"],
+        Path::new("/sys/kernel/btf/vmlinux").exists()
+    );
+    assert_eq!(caps["pmu"]["available"], pmu_present());
+    assert_eq!(doc["scheduler_tracing"]["available"], true);
+    assert_eq!(doc["privileges"]["available"], true);
+    assert!(
+        doc["cgroup"]["target"]["path"].is_string(),
+        "{}",
+        doc["cgroup"]
+    );
+    // Unprivileged, it still reports, and fails: scheduler tracing is impossible.
+    let nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(tracer_tests::tracer_bin())
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert_eq!(nobody.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&nobody.stdout);
+    assert!(text.contains("missing CAP_BPF and CAP_PERFMON"), "{text}");
+}

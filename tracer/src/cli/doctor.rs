@@ -1,0 +1,275 @@
+//! `tracer doctor`: what this host lets the tracer measure, and what to do about the rest.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use crate::sources::{
+    cgroup::{self, CgroupVersion, CpuCgroup},
+    ebpf::{ProbeChoice, ProbeMode, ProbeOptions, SchedProbes, layout},
+    host::{self, Capabilities, GpuInfo},
+    perf::{Capability, CounterChoice, PerfSet, perf_event_paranoid},
+    privileges,
+};
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also report this process's cgroup CPU limits and throttling.
+    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Option<u32>,
+    /// Print one JSON document instead of the text report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Privileges {
+    cap_bpf: bool,
+    cap_perfmon: bool,
+    cap_sys_admin: bool,
+    #[serde(flatten)]
+    capability: Capability,
+}
+
+#[derive(Debug, Serialize)]
+struct CgroupReport {
+    version: CgroupVersion,
+    /// The target's CPU cgroup (with --pid).
+    target: Option<CpuCgroup>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    kernel: String,
+    clocksource: String,
+    /// Scheduler tracing works: the one thing the tracer cannot do without.
+    scheduler_tracing: Capability,
+    capabilities: Capabilities,
+    tp_btf: Capability,
+    privileges: Privileges,
+    perf_event_paranoid: Option<i32>,
+    uprobes: Capability,
+    cgroup: CgroupReport,
+    nvidia_driver: Option<String>,
+    gpus: Vec<GpuInfo>,
+}
+
+fn cap(available: bool, reason: impl Into<String>) -> Capability {
+    Capability {
+        available,
+        reason: reason.into(),
+    }
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn clocksource() -> String {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Loads the scheduler programs (tp_btf, else classic) through the verifier, attaching nothing.
+fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
+    if !privileged {
+        let why = "not checked: loading BPF programs needs CAP_BPF and CAP_PERFMON";
+        return (cap(false, why), cap(false, why));
+    }
+    let none = PerfSet::open(CounterChoice::None, &[]);
+    let opts = ProbeOptions {
+        choice: ProbeChoice::Auto,
+        ring_bytes: 4096 * 16,
+        btf_path: None,
+    };
+    let loaded = SchedProbes::load(std::process::id(), &opts, &none)
+        .and_then(|mut p| p.verify().map(|()| p));
+    match loaded {
+        Ok(p) if p.mode() == ProbeMode::TpBtf => {
+            let ok = "the tp_btf scheduler programs load and pass the verifier";
+            (cap(true, ok), cap(true, ok))
+        }
+        Ok(p) => {
+            let why = p.fallback_reason.clone().unwrap_or_default();
+            (
+                cap(
+                    true,
+                    format!(
+                        "classic tracepoints load and pass the verifier (tp_btf unavailable: \
+                         {why})"
+                    ),
+                ),
+                cap(false, why),
+            )
+        }
+        Err(e) => (cap(false, format!("{e:#}")), cap(false, format!("{e:#}"))),
+    }
+}
+
+fn uprobes() -> Capability {
+    if Path::new("/sys/bus/event_source/devices/uprobe").is_dir() {
+        cap(
+            true,
+            "uprobe PMU present (CUDA call timing can attach to libcuda)",
+        )
+    } else {
+        cap(
+            false,
+            "no uprobe PMU (kernel without CONFIG_UPROBES): CUDA waits cannot be timed",
+        )
+    }
+}
+
+fn report(pid: Option<u32>) -> Report {
+    let caps = privileges::effective_caps();
+    let privileged = privileges::missing_for_tracing(caps).is_none();
+    let has = |bit: u32| caps & (1 << bit) != 0;
+    let (scheduler_tracing, tp_btf) = scheduler_programs(privileged);
+    let cpus = aya::util::online_cpus().unwrap_or_else(|_| vec![0]);
+    // Opening on one CPU is enough to tell whether the events exist.
+    let pmu = PerfSet::open(CounterChoice::Auto, &cpus[..1]).pmu;
+    let gpu = host::gpu();
+    Report {
+        kernel: kernel_release(),
+        clocksource: clocksource(),
+        scheduler_tracing,
+        capabilities: Capabilities {
+            pmu,
+            btf: host::btf(Path::new(layout::VMLINUX_BTF)),
+            tracefs: host::tracefs(),
+            gpu: gpu.capability,
+        },
+        tp_btf,
+        privileges: Privileges {
+            cap_bpf: has(39),
+            cap_perfmon: has(38),
+            cap_sys_admin: has(21),
+            capability: match privileges::missing_for_tracing(caps) {
+                None => cap(true, "enough to load and attach the probes"),
+                Some(missing) => cap(
+                    false,
+                    format!("missing {missing}: run as root or grant them with setcap"),
+                ),
+            },
+        },
+        perf_event_paranoid: perf_event_paranoid(),
+        uprobes: uprobes(),
+        cgroup: CgroupReport {
+            version: cgroup::version(),
+            target: pid.and_then(cgroup::cpu_cgroup),
+        },
+        nvidia_driver: gpu.driver_version,
+        gpus: gpu.gpus,
+    }
+}
+
+fn line(out: &mut String, c: &Capability, what: &str) {
+    let mark = if c.available { "ok" } else { "--" };
+    let _ = writeln!(out, "  {mark}  {what:<18} {}", c.reason);
+}
+
+fn render(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "tracer doctor: kernel {}, clocksource {}",
+        r.kernel, r.clocksource
+    );
+    line(&mut out, &r.scheduler_tracing, "scheduler tracing");
+    line(&mut out, &r.privileges.capability, "privileges");
+    line(&mut out, &r.capabilities.btf, "BTF");
+    line(&mut out, &r.tp_btf, "tp_btf");
+    line(&mut out, &r.capabilities.tracefs, "tracefs");
+    let pmu = &r.capabilities.pmu;
+    let pmu_line = if pmu.llc_available {
+        pmu.reason.clone()
+    } else {
+        format!(
+            "{}; LLC misses and IPC cannot be measured, cache thrash will be reported as not \
+             assessed",
+            pmu.reason
+        )
+    };
+    line(&mut out, &cap(pmu.llc_available, pmu_line), "PMU counters");
+    let _ = writeln!(
+        out,
+        "      perf_event_paranoid {}",
+        r.perf_event_paranoid
+            .map_or("unknown".into(), |p| p.to_string())
+    );
+    line(&mut out, &r.uprobes, "uprobes");
+    line(&mut out, &r.capabilities.gpu, "NVIDIA GPUs");
+    for g in &r.gpus {
+        let _ = writeln!(
+            out,
+            "      GPU {}: {} ({}), GPM {}",
+            g.index,
+            g.name,
+            g.uuid,
+            if g.gpm_supported {
+                "supported"
+            } else {
+                "not supported"
+            }
+        );
+    }
+    let version = match r.cgroup.version {
+        CgroupVersion::V2 => "v2 (unified)",
+        CgroupVersion::Hybrid => "hybrid (v1 controllers + unified)",
+        CgroupVersion::V1 => "v1",
+    };
+    let _ = writeln!(out, "  ok  {:<18} {version}", "cgroups");
+    if let Some(t) = &r.cgroup.target {
+        let limits = if t.limits.is_empty() {
+            "no CPU quota".to_string()
+        } else {
+            t.limits
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} CPUs ({} / {} us) at {}",
+                        l.cpus, l.quota_us, l.period_us, l.cgroup
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(out, "      target cgroup {}: {limits}", t.path.display());
+        if let Some(th) = t.throttling {
+            let _ = writeln!(
+                out,
+                "      throttled {} of {} periods, {} ms in all",
+                th.nr_throttled,
+                th.nr_periods,
+                th.throttled_ns / 1_000_000
+            );
+        }
+    }
+    out
+}
+
+pub fn run(args: DoctorArgs) -> Result<()> {
+    // The probes register their ring buffer with tokio even when only loaded.
+    let rt = super::runtime()?;
+    let r = {
+        let _guard = rt.enter();
+        report(args.pid)
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", render(&r));
+    }
+    if !r.scheduler_tracing.available {
+        anyhow::bail!(
+            "scheduler tracing is not possible here: {}",
+            r.scheduler_tracing.reason
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The target's cgroup CPU bandwidth limit and throttling counters, on cgroup v2 (`cpu.max`,
+//! `cpu.stat`) and v1 (`cpu.cfs_quota_us`, `cpu.cfs_period_us`, `cpu.stat`). Hosts differ: our
+//! CPU machine is hybrid with the cpu controller on v1, the GPU machine pure v2.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Which cgroup hierarchy layout the host uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupVersion {
+    /// Only the unified hierarchy.
+    V2,
+    /// v1 controllers, with the unified hierarchy mounted beside them.
+    Hybrid,
+    V1,
+}
+
+/// cgroup2's filesystem magic (include/uapi/linux/magic.h, CGROUP2_SUPER_MAGIC).
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+pub fn version() -> CgroupVersion {
+    let root = std::ffi::CString::new(CGROUP_ROOT).expect("static path");
+    // SAFETY: statfs fills the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let is_v2 = unsafe { libc::statfs(root.as_ptr(), &mut st) } == 0
+        && st.f_type as i64 == CGROUP2_SUPER_MAGIC;
+    if is_v2 {
+        CgroupVersion::V2
+    } else if Path::new(CGROUP_ROOT).join("unified").is_dir() {
+        CgroupVersion::Hybrid
+    } else {
+        CgroupVersion::V1
+    }
+}
+
+/// A CPU bandwidth limit of one cgroup on the path from the target's cgroup to the root.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuLimit {
+    pub cgroup: String,
+    pub quota_us: u64,
+    pub period_us: u64,
+    /// quota / period: how many CPUs' worth of time per period.
+    pub cpus: f64,
+}
+
+/// Throttling counters of the cgroup, as `cpu.stat` reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Throttling {
+    pub nr_periods: u64,
+    pub nr_throttled: u64,
+    pub throttled_ns: u64,
+}
+
+/// Where the target's CPU controller files are, and what they say.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuCgroup {
+    pub version: CgroupVersion,
+    /// The target's cgroup directory with the cpu controller.
+    pub path: PathBuf,
+    /// Limits set on it or on an ancestor (the smallest one binds).
+    pub limits: Vec<CpuLimit>,
+    pub throttling: Option<Throttling>,
+}
+
+/// Parses `cpu.max` ("max 100000" or "50000 100000").
+pub fn parse_cpu_max(s: &str) -> Option<(u64, u64)> {
+    let mut it = s.split_whitespace();
+    let quota = it.next()?;
+    let period: u64 = it.next()?.parse().ok()?;
+    if quota == "max" {
+        return None;
+    }
+    Some((quota.parse().ok()?, period))
+}
+
+/// Parses `cpu.stat`; v2 reports `throttled_usec`, v1 `throttled_time` in ns.
+pub fn parse_cpu_stat(s: &str) -> Throttling {
+    let mut t = Throttling::default();
+    for line in s.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) else {
+            continue;
+        };
+        match k {
+            "nr_periods" => t.nr_periods = v,
+            "nr_throttled" => t.nr_throttled = v,
+            "throttled_usec" => t.throttled_ns = v * 1000,
+            "throttled_time" => t.throttled_ns = v,
+            _ => {}
+        }
+    }
+    t
+}
+
+/// The cgroup path of `pid` for the cpu controller: the v2 line ("0::/x") on v2, else the v1
+/// line that lists `cpu` among its controllers.
+fn cgroup_of(pid: u32, version: CgroupVersion) -> Option<(PathBuf, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let rel = path.trim_start_matches('/');
+        match version {
+            CgroupVersion::V2 if controllers.is_empty() => {
+                return Some((Path::new(CGROUP_ROOT).join(rel), path.to_string()));
+            }
+            CgroupVersion::Hybrid | CgroupVersion::V1
+                if controllers.split(',').any(|c| c == "cpu") =>
+            {
+                return Some((
+                    Path::new(CGROUP_ROOT).join("cpu").join(rel),
+                    path.to_string(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// The limit set directly on `dir`, if any.
+fn limit_at(dir: &Path, version: CgroupVersion, name: &str) -> Option<CpuLimit> {
+    let (quota, period) = match version {
+        CgroupVersion::V2 => parse_cpu_max(&read(&dir.join("cpu.max"))?)?,
+        _ => {
+            let quota: i64 = read(&dir.join("cpu.cfs_quota_us"))?.trim().parse().ok()?;
+            let period: u64 = read(&dir.join("cpu.cfs_period_us"))?.trim().parse().ok()?;
+            if quota < 0 {
+                return None;
+            }
+            (quota as u64, period)
+        }
+    };
+    Some(CpuLimit {
+        cgroup: name.to_string(),
+        quota_us: quota,
+        period_us: period,
+        cpus: quota as f64 / period.max(1) as f64,
+    })
+}
+
+/// The target's CPU cgroup, its limits (walking up to the root) and throttling counters.
+pub fn cpu_cgroup(pid: u32) -> Option<CpuCgroup> {
+    let version = version();
+    let (path, name) = cgroup_of(pid, version)?;
+    let root = match version {
+        CgroupVersion::V2 => PathBuf::from(CGROUP_ROOT),
+        _ => Path::new(CGROUP_ROOT).join("cpu"),
+    };
+    let mut limits = Vec::new();
+    let mut dir = path.clone();
+    let mut cg = name.clone();
+    loop {
+        if let Some(l) = limit_at(&dir, version, &cg) {
+            limits.push(l);
+        }
+        if dir == root || !dir.starts_with(&root) {
+            break;
+        }
+        dir = match dir.parent() {
+            Some(p) => p.to_path_buf(),
+            None => break,
+        };
+        cg = match cg.rsplit_once('/') {
+            Some((parent, _)) if !parent.is_empty() => parent.to_string(),
+            _ => "/".to_string(),
+        };
+    }
+    let throttling = read(&path.join("cpu.stat")).map(|s| parse_cpu_stat(&s));
+    Some(CpuCgroup {
+        version,
+        path,
+        limits,
+        throttling,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_max_and_stat_of_both_versions() {
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cpu_max("50000 100000\n"), Some((50_000, 100_000)));
+        let v2 = "usage_usec 10\nnr_periods 7\nnr_throttled 3\nthrottled_usec 1500\n";
+        assert_eq!(
+            parse_cpu_stat(v2),
+            Throttling {
+                nr_periods: 7,
+                nr_throttled: 3,
+                throttled_ns: 1_500_000
+            }
+        );
+        let v1 = "nr_periods 7\nnr_throttled 3\nthrottled_time 1500\n";
+        assert_eq!(parse_cpu_stat(v1).throttled_ns, 1500);
+    }
+
+    #[test]
+    fn finds_this_process_cgroup() {
+        let cg = cpu_cgroup(std::process::id()).expect("every process has a cpu cgroup");
+        assert!(cg.path.is_dir(), "{}", cg.path.display());
+        assert_eq!(cg.version, version());
+    }
+}

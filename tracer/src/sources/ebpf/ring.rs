@@ -1,0 +1,74 @@
+//! Ring buffer records: decoded defensively, by kind, from untrusted bytes.
+
+use tracer_common::{CounterSlice, Event, EventKind};
+
+/// One ring buffer record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    Event(Event),
+    Counters(CounterSlice),
+}
+
+/// Reads a `T` from the front of `bytes` if it is long enough.
+fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: the length is checked above and T is Pod (plain integers, valid for any bits);
+    // read_unaligned because the record's alignment is not guaranteed to match.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Decodes one ring buffer record by its kind (at the same offset in both record types),
+/// refusing anything of the wrong size or an unknown kind.
+pub fn decode(bytes: &[u8]) -> Option<Record> {
+    let kind = u32::from_le_bytes(bytes.get(12..16)?.try_into().ok()?);
+    match EventKind::try_from(kind).ok()? {
+        EventKind::CounterSlice => read_pod::<CounterSlice>(bytes).map(Record::Counters),
+        _ => read_pod::<Event>(bytes).map(Record::Event),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of<T>(v: &T) -> Vec<u8> {
+        // SAFETY: viewing a plain-integer struct as bytes.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn records_decode_by_kind_and_short_ones_are_refused() {
+        let ev = Event {
+            ts_ns: 7,
+            tid: 42,
+            kind: EventKind::SwitchIn as u32,
+            cpu: 3,
+            aux: 9,
+            value: 1000,
+        };
+        let mut unaligned = vec![0u8];
+        unaligned.extend(bytes_of(&ev));
+        assert_eq!(decode(&unaligned[1..]), Some(Record::Event(ev)));
+        assert_eq!(decode(&bytes_of(&ev)[..31]), None);
+
+        let slice = CounterSlice {
+            ts_ns: 100,
+            tid: 42,
+            kind: EventKind::CounterSlice as u32,
+            cpu: 1,
+            valid: 0b101,
+            start_ns: 50,
+            values: [1, 0, 3, 0, 0, 0, 0],
+        };
+        let b = bytes_of(&slice);
+        assert_eq!(decode(&b), Some(Record::Counters(slice)));
+        // A counter record cut to the size of an event is not misread as an event.
+        assert_eq!(decode(&b[..32]), None);
+        // Unknown kinds are refused.
+        let mut bad = bytes_of(&ev);
+        bad[12] = 99;
+        assert_eq!(decode(&bad), None);
+    }
+}

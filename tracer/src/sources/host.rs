@@ -1,0 +1,171 @@
+//! What this host lets the tracer measure: BTF, tracefs, the PMU, NVIDIA GPUs. Shared by
+//! `tracer doctor` and the `capabilities` object every recording carries.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{
+    ebpf::layout,
+    perf::{Capability, PmuCapability},
+};
+
+/// The capabilities a recording relied on, with the reason for each one missing. A missing
+/// capability makes its signal "not assessed", never "absent".
+#[derive(Debug, Clone, Serialize)]
+pub struct Capabilities {
+    pub pmu: PmuCapability,
+    pub btf: Capability,
+    pub tracefs: Capability,
+    pub gpu: Capability,
+}
+
+fn yes(reason: impl Into<String>) -> Capability {
+    Capability {
+        available: true,
+        reason: reason.into(),
+    }
+}
+
+fn no(reason: impl Into<String>) -> Capability {
+    Capability {
+        available: false,
+        reason: reason.into(),
+    }
+}
+
+/// Kernel BTF, which tp_btf programs and the task_struct offsets need.
+pub fn btf(path: &Path) -> Capability {
+    if !path.exists() {
+        return no(format!(
+            "{} is missing: the kernel was built without CONFIG_DEBUG_INFO_BTF; classic \
+             tracepoints are used instead",
+            path.display()
+        ));
+    }
+    match layout::TaskOffsets::from_btf_file(path) {
+        Ok(_) => yes(format!(
+            "{} parsed; task_struct offsets found",
+            path.display()
+        )),
+        Err(e) => no(format!("{} unusable: {e:#}", path.display())),
+    }
+}
+
+/// tracefs, which only the classic fallback needs.
+pub fn tracefs() -> Capability {
+    match layout::tracefs_root() {
+        Some(root) => yes(format!("mounted at {}", root.display())),
+        None => no(
+            "not mounted (only needed without BTF; the tracer mounts it itself as root, or: \
+             mount -t tracefs nodev /sys/kernel/tracing)",
+        ),
+    }
+}
+
+/// One NVIDIA GPU as NVML describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    /// GPM (GPU performance monitoring: SM activity, occupancy, tensor, DRAM), Hopper and later.
+    pub gpm_supported: bool,
+}
+
+/// What NVML reports about this host's GPUs.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport {
+    #[serde(flatten)]
+    pub capability: Capability,
+    pub driver_version: Option<String>,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// Opens NVML. The driver installs `libnvidia-ml.so.1`; the unversioned name exists only with
+/// development packages, which nvml-wrapper's default expects.
+pub fn nvml() -> Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError> {
+    nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+        .init()
+        .or_else(|_| nvml_wrapper::Nvml::init())
+}
+
+pub fn gpu() -> GpuReport {
+    let nvml = match nvml() {
+        Ok(n) => n,
+        Err(e) => {
+            let why = match e {
+                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
+                    "no NVML library (libnvidia-ml.so.1): no NVIDIA driver on this host".into()
+                }
+                nvml_wrapper::error::NvmlError::DriverNotLoaded => {
+                    "NVML found but the NVIDIA driver is not loaded".into()
+                }
+                nvml_wrapper::error::NvmlError::NoPermission => {
+                    "NVML has no permission to talk to the driver".into()
+                }
+                other => format!("NVML failed to initialize: {other}"),
+            };
+            return GpuReport {
+                capability: no(why),
+                driver_version: None,
+                gpus: vec![],
+            };
+        }
+    };
+    let driver_version = nvml.sys_driver_version().ok();
+    let count = nvml.device_count().unwrap_or(0);
+    let gpus: Vec<GpuInfo> = (0..count)
+        .filter_map(|index| {
+            let d = nvml.device_by_index(index).ok()?;
+            Some(GpuInfo {
+                index,
+                name: d.name().unwrap_or_default(),
+                uuid: d.uuid().unwrap_or_default(),
+                gpm_supported: d.gpm_support().unwrap_or(false),
+            })
+        })
+        .collect();
+    let capability = if gpus.is_empty() {
+        no("NVML works but reports no GPU")
+    } else {
+        yes(format!(
+            "{} GPU(s) through NVML, driver {}",
+            gpus.len(),
+            driver_version.as_deref().unwrap_or("unknown")
+        ))
+    };
+    GpuReport {
+        capability,
+        driver_version,
+        gpus,
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A host where nothing optional is available, for analysis tests.
+    pub fn no_capabilities() -> Capabilities {
+        Capabilities {
+            pmu: PmuCapability {
+                available: false,
+                reason: "test".into(),
+                events: Default::default(),
+                llc_available: false,
+            },
+            btf: no("test"),
+            tracefs: no("test"),
+            gpu: no("test"),
+        }
+    }
+
+    #[test]
+    fn btf_missing_says_what_happens_instead() {
+        let c = btf(Path::new("/nonexistent/vmlinux"));
+        assert!(!c.available);
+        assert!(c.reason.contains("classic tracepoints"), "{}", c.reason);
+    }
+}
