@@ -200,6 +200,22 @@ pub fn kernel_counts(pid: u32, tid: u32) -> Option<KernelCounts> {
     })
 }
 
+/// CPU time the host stole from this VM so far (/proc/stat `steal`), in ns. With
+/// CONFIG_PARAVIRT_TIME_ACCOUNTING the scheduler leaves stolen time out of a task's
+/// `sum_exec_runtime` (schedstat), while a clock read at each switch includes it.
+pub fn steal_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let jiffies: u64 = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    jiffies * 1_000_000_000 / hz
+}
+
 /// Counters of every thread of `pid`.
 pub fn snapshot(pid: u32) -> BTreeMap<u32, KernelCounts> {
     std::fs::read_dir(format!("/proc/{pid}/task"))

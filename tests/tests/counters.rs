@@ -4,7 +4,9 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use tracer_tests::{Testload, Tracer, require_root, run_tracer, serial, snapshot, thread_json, u};
+use tracer_tests::{
+    Testload, Tracer, require_root, run_tracer, serial, snapshot, steal_ns, thread_json, u,
+};
 
 /// True when this machine exposes a CPU PMU (our CI VMs do not).
 fn pmu_present() -> bool {
@@ -46,6 +48,7 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     ]);
     load.settle();
     let before = snapshot(load.pid);
+    let steal_before = steal_ns();
     // perf stat's own per-thread counters: an independent count of the same switches.
     let perf = Command::new("perf")
         .args([
@@ -64,6 +67,7 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     load.expect("done");
     load.settle();
     let after = snapshot(load.pid);
+    let stolen = steal_ns() - steal_before;
     // SAFETY: signalling our own child.
     unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
     let perf_out = perf.wait_with_output().expect("perf stat");
@@ -77,9 +81,10 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         serde_json::json!(["cpu_clock_ns", "context_switches", "cpu_migrations"])
     );
 
-    // Slices whose switch-in the kernel did not trace (see losses.unseen_switch_ins) have no
-    // starting reading and cannot be counted; there are few, and they are counted.
-    let unseen = u(&doc["losses"]["unseen_switch_ins"]);
+    // A slice has no starting reading, and cannot be counted, when its switch-in was not traced
+    // (losses.unseen_switch_ins) or came before sched_switch was attached (a thread running at
+    // that moment): at most one per thread, seen about once in 20 runs.
+    let unseen = u(&doc["losses"]["unseen_switch_ins"]) + 1;
     let mut switches = 0;
     for (tid, a) in &after {
         let d = *a - before[tid];
@@ -92,12 +97,18 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         let kernel = d.voluntary + d.involuntary;
         assert!(
             counted <= kernel && counted + unseen >= kernel,
-            "tid {tid}: context switches via perf {counted} vs /proc {kernel} ({unseen} unseen)"
+            "tid {tid}: context switches via perf {counted} vs /proc {kernel} (losses {})",
+            doc["losses"]
         );
         switches += d.voluntary + d.involuntary;
-        // perf counts a migration when the task is next switched in, so several moves while
-        // it sleeps count once: at most the kernel's nr_migrations.
-        assert!(u(&c["cpu_migrations"]) <= d.migrations, "tid {tid}: {c}");
+        // perf counts a migration when the task is next switched in: several moves while it
+        // sleeps count once, and a move made just before the window is counted inside it. So
+        // at most the kernel's nr_migrations, plus one.
+        assert!(
+            u(&c["cpu_migrations"]) <= d.migrations + 1,
+            "tid {tid}: {c} vs nr_migrations {}",
+            d.migrations
+        );
         // cpu-clock over the slices vs the scheduler's on-CPU time: both time the same
         // slices, with different clocks and at slightly different points of the switch.
         // Within 2 % + 1 ms.
@@ -107,9 +118,11 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
             clock.abs_diff(oncpu) <= oncpu / 50 + 1_000_000,
             "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu}"
         );
+        // schedstat leaves out the time the host stole from this VM (see steal_ns); the
+        // clock does not.
         assert!(
-            clock.abs_diff(d.oncpu_ns) <= d.oncpu_ns / 50 + 1_000_000,
-            "tid {tid}: cpu-clock {clock} vs schedstat {}",
+            clock.abs_diff(d.oncpu_ns) <= d.oncpu_ns / 50 + 1_000_000 + stolen,
+            "tid {tid}: cpu-clock {clock} vs schedstat {} ({stolen} ns stolen)",
             d.oncpu_ns
         );
     }

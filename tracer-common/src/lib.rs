@@ -194,8 +194,10 @@ pub enum Counter {
     UnseenSwitchIn = 4,
     /// A target thread switched in while it was running as far as the probes knew.
     UnseenSwitchOut = 5,
+    /// `bpf_perf_event_read_value` failed: a slice's counters are missing.
+    PerfReadFailed = 6,
 }
-pub const COUNTER_SLOTS: u32 = 6;
+pub const COUNTER_SLOTS: u32 = 7;
 
 /// Kinds of timeline events. Fixed discriminants: they are part of the trace format.
 #[repr(u32)]
@@ -219,6 +221,11 @@ pub enum EventKind {
     ThreadExit = 7,
     /// Counter deltas over one on-CPU slice: a `CounterSlice` record, not an `Event`.
     CounterSlice = 8,
+    /// The thread launched a CUDA kernel. `aux`: the `CudaFn`.
+    CudaLaunch = 9,
+    /// The thread returned from a synchronizing CUDA call. `aux`: the `CudaFn`; `value`: how
+    /// long it was inside (the call started at `ts_ns - value`).
+    CudaSync = 10,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -233,6 +240,8 @@ impl TryFrom<u32> for EventKind {
             6 => Self::ThreadNew,
             7 => Self::ThreadExit,
             8 => Self::CounterSlice,
+            9 => Self::CudaLaunch,
+            10 => Self::CudaSync,
             other => return Err(other),
         })
     }
@@ -346,6 +355,102 @@ pub struct CounterSlice {
     pub values: [u64; PERF_SLOTS],
 }
 
+/// libcuda entry points the uprobes attach to; the discriminant is the attach cookie.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaFn {
+    LaunchKernel = 0,
+    LaunchKernelPtsz = 1,
+    LaunchKernelEx = 2,
+    LaunchKernelExPtsz = 3,
+    StreamSynchronize = 4,
+    StreamSynchronizePtsz = 5,
+    CtxSynchronize = 6,
+    EventSynchronize = 7,
+    /// A synchronous device-to-host copy.
+    MemcpyDtoH = 8,
+    MemcpyDtoHPtds = 9,
+    /// The runtime API (libcudart), which frameworks call: it may reach the driver through
+    /// private entry points that are not the exported symbols above.
+    RtDeviceSynchronize = 10,
+    RtStreamSynchronize = 11,
+    RtEventSynchronize = 12,
+    /// cudaMemcpy: synchronous whatever its direction.
+    RtMemcpy = 13,
+}
+
+impl CudaFn {
+    pub const ALL: [CudaFn; 14] = [
+        Self::LaunchKernel,
+        Self::LaunchKernelPtsz,
+        Self::LaunchKernelEx,
+        Self::LaunchKernelExPtsz,
+        Self::StreamSynchronize,
+        Self::StreamSynchronizePtsz,
+        Self::CtxSynchronize,
+        Self::EventSynchronize,
+        Self::MemcpyDtoH,
+        Self::MemcpyDtoHPtds,
+        Self::RtDeviceSynchronize,
+        Self::RtStreamSynchronize,
+        Self::RtEventSynchronize,
+        Self::RtMemcpy,
+    ];
+
+    /// Whether the function belongs to the runtime library (libcudart) rather than libcuda.
+    pub const fn runtime(self) -> bool {
+        (self as u32) >= Self::RtDeviceSynchronize as u32
+    }
+
+    /// The exported symbol.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            Self::LaunchKernel => "cuLaunchKernel",
+            Self::LaunchKernelPtsz => "cuLaunchKernel_ptsz",
+            Self::LaunchKernelEx => "cuLaunchKernelEx",
+            Self::LaunchKernelExPtsz => "cuLaunchKernelEx_ptsz",
+            Self::StreamSynchronize => "cuStreamSynchronize",
+            Self::StreamSynchronizePtsz => "cuStreamSynchronize_ptsz",
+            Self::CtxSynchronize => "cuCtxSynchronize",
+            Self::EventSynchronize => "cuEventSynchronize",
+            Self::MemcpyDtoH => "cuMemcpyDtoH_v2",
+            Self::MemcpyDtoHPtds => "cuMemcpyDtoH_v2_ptds",
+            Self::RtDeviceSynchronize => "cudaDeviceSynchronize",
+            Self::RtStreamSynchronize => "cudaStreamSynchronize",
+            Self::RtEventSynchronize => "cudaEventSynchronize",
+            Self::RtMemcpy => "cudaMemcpy",
+        }
+    }
+
+    /// Whether the call blocks the calling thread until the GPU has caught up.
+    pub const fn synchronizes(self) -> bool {
+        (self as u32) >= Self::StreamSynchronize as u32
+    }
+}
+
+impl TryFrom<u32> for CudaFn {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Self::ALL.get(v as usize).copied().ok_or(v)
+    }
+}
+
+/// Per-thread CUDA call accounting, keyed by TID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaThread {
+    pub launches: u64,
+    /// Completed synchronizing calls (outermost only: libcuda may call its own exported
+    /// functions from inside one).
+    pub sync_calls: u64,
+    pub sync_ns: u64,
+    pub sync_max_ns: u64,
+    /// Entry time of the synchronizing call in progress (valid while `depth > 0`).
+    pub sync_start_ns: u64,
+    pub sync_fn: u32,
+    pub depth: u32,
+}
+
 /// Load-time configuration of the eBPF programs (a `.rodata` global set by the loader, so the
 /// verifier sees constants).
 #[repr(C)]
@@ -455,6 +560,7 @@ mod pod {
     unsafe impl aya::Pod for super::ThreadCounters {}
     unsafe impl aya::Pod for super::CounterReading {}
     unsafe impl aya::Pod for super::CounterSlice {}
+    unsafe impl aya::Pod for super::CudaThread {}
 }
 
 #[cfg(test)]
@@ -474,6 +580,7 @@ mod tests {
         );
         assert_eq!(core::mem::size_of::<Config>(), 21 * 4);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
+        assert_eq!(core::mem::size_of::<CudaThread>(), 48);
         assert_eq!(
             core::mem::size_of::<ThreadCounters>(),
             16 + 24 * PERF_SLOTS + 4 * 8 * PERF_SLOTS
@@ -515,11 +622,15 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_reject_unknown() {
-        for k in 1..=8u32 {
+        for k in 1..=10u32 {
             assert_eq!(EventKind::try_from(k).map(|e| e as u32), Ok(k));
         }
         assert_eq!(EventKind::try_from(0), Err(0));
-        assert_eq!(EventKind::try_from(9), Err(9));
+        assert_eq!(EventKind::try_from(11), Err(11));
+        for f in CudaFn::ALL {
+            assert_eq!(CudaFn::try_from(f as u32), Ok(f));
+        }
+        assert!(CudaFn::try_from(CudaFn::ALL.len() as u32).is_err());
         assert_eq!(ThreadState::try_from(6), Err(6));
     }
 }

@@ -7,12 +7,14 @@
 
 use aya_ebpf::helpers::generated::bpf_perf_event_read_value;
 use tracer_common::{
-    CounterReading, CounterSlice, EventKind, PERF_SLOTS, ThreadCounters, scale_for_multiplexing,
+    Counter, CounterReading, CounterSlice, EventKind, PERF_SLOTS, ThreadCounters,
+    scale_for_multiplexing,
 };
 
 use crate::maps::{
     COUNTERS_TEMPLATE, PERF_CONTEXT_SWITCHES, PERF_CPU_CLOCK, PERF_CPU_MIGRATIONS, PERF_CYCLES,
-    PERF_INSTRUCTIONS, PERF_LLC_MISSES, PERF_LLC_REFERENCES, THREAD_COUNTERS, config, emit_bytes,
+    PERF_INSTRUCTIONS, PERF_LLC_MISSES, PERF_LLC_REFERENCES, THREAD_COUNTERS, config, count,
+    emit_bytes,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -43,6 +45,9 @@ fn read(k: usize, out: &mut CounterReading) -> bool {
             size_of::<CounterReading>() as u32,
         )
     };
+    if rc != 0 {
+        count(Counter::PerfReadFailed);
+    }
     rc == 0
 }
 

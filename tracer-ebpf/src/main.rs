@@ -13,6 +13,8 @@ mod classic;
 #[cfg(target_arch = "bpf")]
 mod counters;
 #[cfg(target_arch = "bpf")]
+mod cuda;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod sched;

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use tracer_common::{
-    COUNTER_SLOTS, Config, Counter, CpuWait, Event, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS,
-    MAX_THREADS, MigrationKey, Preemptor, ThreadCounters, ThreadStats,
+    COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread, Event, MAX_MIGRATION_ROUTES,
+    MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor, ThreadCounters, ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -82,6 +82,10 @@ pub static THREAD_COUNTERS: HashMap<u32, ThreadCounters> =
 /// Zeroed template for new `THREAD_COUNTERS` entries.
 #[map]
 pub static COUNTERS_TEMPLATE: PerCpuArray<ThreadCounters> = PerCpuArray::with_max_entries(1, 0);
+
+/// CUDA call accounting per target thread, keyed by TID.
+#[map]
+pub static CUDA_THREADS: HashMap<u32, CudaThread> = HashMap::with_max_entries(MAX_THREADS, 0);
 
 /// Classic fallback only: the target's TIDs (classic sched_switch and sched_wakeup records
 /// carry a TID but no TGID). Filled by the loader, kept current by task_newtask and exit.

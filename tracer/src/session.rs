@@ -13,18 +13,20 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::{EventKind, ThreadCounters, ThreadStats};
+use tracer_common::EventKind;
 
 use crate::{
     recording::{
-        EndReason, MigrationRoute, PreemptorRecord, Recording, TargetMeta, ThreadInputs,
-        WaitSamples, assemble_threads, comm_string,
+        CudaSpan, CudaTotals, EndReason, MigrationRoute, PreemptorRecord, Recording, TargetMeta,
+        ThreadInputs, WaitSamples, assemble_threads, comm_string,
         counters::{CounterBins, CounterTotals},
+        gpu::GpuRecording,
     },
     sources::{
-        ebpf::{ProbeOptions, Record, SchedProbes, layout},
-        host::{self, Capabilities},
-        perf::{CounterChoice, PerfSet, slot_name},
+        ebpf::{ProbeOptions, Reaped, Record, SchedProbes, layout},
+        gpu::{GpuOptions, GpuSampler},
+        host::{self, Capabilities, GpuCapability},
+        perf::{Capability, CounterChoice, PerfSet, slot_name},
         privileges,
         process::{Target, comm_of, monotonic_ns},
     },
@@ -38,10 +40,18 @@ pub struct SessionOptions {
     pub counters: CounterChoice,
     /// Width of the time bins of the counter series.
     pub bin: Duration,
+    /// GPU sampling, unless turned off.
+    pub gpu: Option<GpuSettings>,
     /// Draw a progress line on stderr (only when it is a terminal).
     pub progress: bool,
     /// Print the "recording ..." notice on stderr.
     pub notices: bool,
+}
+
+pub struct GpuSettings {
+    /// `index` or `uuid` of the one GPU to sample.
+    pub select: Option<String>,
+    pub interval: Duration,
 }
 
 /// How often the ring buffer is drained, the progress line refreshed and dead threads moved out
@@ -85,8 +95,9 @@ fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
 struct Collector {
     samples: BTreeMap<u32, WaitSamples>,
     bins: CounterBins,
-    finished: Vec<ThreadStats>,
-    finished_counters: Vec<(u32, ThreadCounters)>,
+    finished: Reaped,
+    cuda_syncs: Vec<CudaSpan>,
+    cuda_launches: BTreeMap<u32, BTreeMap<u64, u64>>,
     records: u64,
 }
 
@@ -94,11 +105,27 @@ impl Collector {
     fn on_record(&mut self, rec: Record) {
         self.records += 1;
         match rec {
-            Record::Event(ev) => {
-                if ev.kind == EventKind::SwitchIn as u32 && ev.value > 0 {
+            Record::Event(ev) => match EventKind::try_from(ev.kind) {
+                Ok(EventKind::SwitchIn) if ev.value > 0 => {
                     self.samples.entry(ev.tid).or_default().record(ev.value);
                 }
-            }
+                Ok(EventKind::CudaSync) => self.cuda_syncs.push(CudaSpan {
+                    tid: ev.tid,
+                    start_ns: ev.ts_ns.saturating_sub(ev.value),
+                    end_ns: ev.ts_ns,
+                    function: ev.aux,
+                }),
+                Ok(EventKind::CudaLaunch) => {
+                    let bin = ev.ts_ns.saturating_sub(self.bins.start_ns) / self.bins.bin_ns;
+                    *self
+                        .cuda_launches
+                        .entry(ev.tid)
+                        .or_default()
+                        .entry(bin)
+                        .or_default() += 1;
+                }
+                _ => {}
+            },
             Record::Counters(slice) => self.bins.add(&slice),
         }
     }
@@ -119,16 +146,32 @@ pub async fn record(
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     let perf = PerfSet::open(opts.counters, &cpus);
     let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf)?;
+    let sampler = match &opts.gpu {
+        Some(g) => GpuSampler::start(
+            target.pid,
+            GpuOptions {
+                select: g.select.clone(),
+                interval: g.interval,
+            },
+        ),
+        None => Err(Capability {
+            available: false,
+            reason: "GPU sampling turned off (--no-gpu)".into(),
+        }),
+    };
     let exit_fd = pidfd(target.pid);
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
 
+    // The CUDA probes first: attaching them takes a while with a large libcuda, and they
+    // only account CUDA calls, which the window's edges do not cut.
+    probes.attach_cuda(target.pid)?;
     let start = monotonic_ns();
     probes.attach(|| target.threads().into_keys().collect())?;
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
     if opts.notices {
-        notices(target, opts, &probes, &perf, initial.len());
+        notices(target, opts, &probes, &perf, &sampler, initial.len());
     }
     attached()?;
 
@@ -138,8 +181,9 @@ pub async fn record(
     let mut col = Collector {
         samples: BTreeMap::new(),
         bins: CounterBins::new(start, opts.bin.as_nanos() as u64),
-        finished: Vec::new(),
-        finished_counters: Vec::new(),
+        finished: Reaped::default(),
+        cuda_syncs: Vec::new(),
+        cuda_launches: BTreeMap::new(),
         records: 0,
     };
     let mut target_exited_ns = None;
@@ -165,9 +209,7 @@ pub async fn record(
             }
             _ = tick.tick() => {
                 col.drain(&mut probes);
-                let (dead, dead_counters) = probes.reap_dead()?;
-                col.finished.extend(dead);
-                col.finished_counters.extend(dead_counters);
+                col.finished.extend(probes.reap_dead()?);
                 if let Some(d) = opts.duration {
                     bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
                 } else {
@@ -187,18 +229,30 @@ pub async fn record(
     };
     bar.finish_and_clear();
 
-    probes.detach();
+    probes.detach_sched();
     let end = monotonic_ns();
+    // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
+    let cuda_at_end = probes.cuda_threads()?;
+    probes.detach_cuda();
     col.drain(&mut probes);
+    col.cuda_syncs.retain(|s| s.end_ns <= end);
     drop(perf);
+    let (gpu, gpu_capability) = match sampler {
+        Ok(s) => {
+            let cap = s.capability.clone();
+            (Some(s.finish()), cap)
+        }
+        Err(cap) => (None, cap),
+    };
     let ended = Ended {
         start,
         end,
         end_reason,
         target_exited_ns,
         initial,
+        cuda_at_end,
     };
-    collect(target, opts, &mut probes, col, ended)
+    collect(target, opts, &mut probes, col, ended, gpu, gpu_capability)
 }
 
 /// How the window went.
@@ -208,29 +262,35 @@ struct Ended {
     end_reason: EndReason,
     target_exited_ns: Option<u64>,
     initial: BTreeMap<u32, crate::sources::process::ThreadInfo>,
+    cuda_at_end: Vec<(u32, tracer_common::CudaThread)>,
 }
 
 /// Reads what the kernel side kept and assembles the recording.
+#[allow(clippy::too_many_arguments)]
 fn collect(
     target: &Target,
     opts: &SessionOptions,
     probes: &mut SchedProbes,
     mut col: Collector,
     w: Ended,
+    gpu: Option<GpuRecording>,
+    gpu_capability: Capability,
 ) -> Result<Recording> {
     let losses = probes.losses()?;
     let mut kernel = probes.threads()?;
-    kernel.append(&mut col.finished);
-    let mut counters: BTreeMap<u32, CounterTotals> = probes
+    kernel.append(&mut col.finished.stats);
+    let counters: BTreeMap<u32, CounterTotals> = probes
         .thread_counters()?
         .iter()
+        .chain(col.finished.counters.iter())
         .map(|(tid, c)| (*tid, CounterTotals::from(c)))
         .collect();
-    counters.extend(
-        col.finished_counters
-            .iter()
-            .map(|(tid, c)| (*tid, CounterTotals::from(c))),
-    );
+    let cuda: BTreeMap<u32, CudaTotals> = w
+        .cuda_at_end
+        .iter()
+        .chain(col.finished.cuda.iter())
+        .map(|(tid, c)| (*tid, CudaTotals::from(c)))
+        .collect();
     let preemptors = probes
         .preemptors()?
         .into_iter()
@@ -259,6 +319,7 @@ fn collect(
         final_names: target.threads(),
         samples: std::mem::take(&mut col.samples),
         counters,
+        cuda,
     };
     let threads = assemble_threads(inputs, w.start, w.end);
     let btf_path = opts
@@ -288,11 +349,37 @@ fn collect(
             pmu: probes.pmu.clone(),
             btf: host::btf(&btf_path),
             tracefs: host::tracefs(),
-            gpu: host::gpu().capability,
+            gpu: GpuCapability::from_parts(
+                gpu_capability,
+                gpm_capability(gpu.as_ref()),
+                probes.cuda.clone(),
+            ),
         },
         counter_mask: probes.counter_mask,
         counter_bins: col.bins,
+        gpu,
+        cuda_syncs: col.cuda_syncs,
+        cuda_launch_bins: col.cuda_launches,
     })
+}
+
+fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
+    match gpu {
+        None => Capability {
+            available: false,
+            reason: "no GPU sampled".into(),
+        },
+        Some(g) if g.gpm => Capability {
+            available: true,
+            reason: "GPM metrics sampled".into(),
+        },
+        Some(_) => Capability {
+            available: false,
+            reason: "GPM unsupported on the sampled GPUs (it needs Hopper or later): SM \
+                     activity, occupancy, tensor and DRAM metrics are not assessed"
+                .into(),
+        },
+    }
 }
 
 fn notices(
@@ -300,8 +387,17 @@ fn notices(
     opts: &SessionOptions,
     probes: &SchedProbes,
     perf: &PerfSet,
+    sampler: &Result<GpuSampler, Capability>,
     threads: usize,
 ) {
+    match sampler {
+        Ok(s) => eprintln!("tracer: GPU: {}", s.capability.reason),
+        Err(c) if opts.gpu.is_some() => eprintln!("tracer: GPU not sampled: {}", c.reason),
+        Err(_) => {}
+    }
+    if probes.cuda.available || sampler.is_ok() {
+        eprintln!("tracer: CUDA waits: {}", probes.cuda.reason);
+    }
     if let Some(reason) = &probes.fallback_reason {
         eprintln!("tracer: using classic tracepoints: {reason}");
     }

@@ -2,7 +2,7 @@
 //! bracketed exactly: every thread is parked (blocked) whenever the test reads /proc, and all
 //! the activity happens between "go" and "done".
 //!
-//! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS
+//! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS | cuda LIBRARY
 //! Prints `ready pid=P tids=T1,T2,...`, then for each `go` line on stdin runs the scenario once
 //! and prints `done ...`. Exits at end of input.
 
@@ -62,6 +62,100 @@ fn own_counts() -> (u64, u64, u64) {
         field("nonvoluntary_ctxt_switches:"),
         migrations,
     )
+}
+
+/// What the last `cuda` round did, as the workload itself measured it.
+static CUDA_ROUND: Mutex<Option<(u64, u64, u64)>> = Mutex::new(None);
+
+type Launch = unsafe extern "C" fn(
+    *mut libc::c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut libc::c_void,
+    *mut *mut libc::c_void,
+    *mut *mut libc::c_void,
+) -> i32;
+type SyncOn = unsafe extern "C" fn(*mut libc::c_void) -> i32;
+type Sync = unsafe extern "C" fn() -> i32;
+type Memcpy = unsafe extern "C" fn(*mut libc::c_void, u64, usize) -> i32;
+
+/// The stand-in libcuda (tests/fakecuda), loaded at run time as a real program loads libcuda.
+struct FakeCuda {
+    launch: Launch,
+    stream_sync: SyncOn,
+    ctx_sync: Sync,
+    event_sync: SyncOn,
+    memcpy_dtoh: Memcpy,
+}
+
+impl FakeCuda {
+    fn open(path: &str) -> Self {
+        let c = std::ffi::CString::new(path).unwrap();
+        // SAFETY: dlopen/dlsym on a library we built for this purpose; each symbol is cast to
+        // the signature the C file defines.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+            assert!(!h.is_null(), "dlopen {path}");
+            let sym = |name: &str| {
+                let n = std::ffi::CString::new(name).unwrap();
+                let p = libc::dlsym(h, n.as_ptr());
+                assert!(!p.is_null(), "dlsym {name}");
+                p
+            };
+            Self {
+                launch: std::mem::transmute::<*mut libc::c_void, Launch>(sym("cuLaunchKernel")),
+                stream_sync: std::mem::transmute::<*mut libc::c_void, SyncOn>(sym(
+                    "cuStreamSynchronize",
+                )),
+                ctx_sync: std::mem::transmute::<*mut libc::c_void, Sync>(sym("cuCtxSynchronize")),
+                event_sync: std::mem::transmute::<*mut libc::c_void, SyncOn>(sym(
+                    "cuEventSynchronize",
+                )),
+                memcpy_dtoh: std::mem::transmute::<*mut libc::c_void, Memcpy>(sym(
+                    "cuMemcpyDtoH_v2",
+                )),
+            }
+        }
+    }
+
+    /// 20 steps of: 5 launches, then one synchronizing call of each kind. Returns (launches,
+    /// synchronizing calls, ns spent inside them) as measured around the calls.
+    fn round(&self) -> (u64, u64, u64) {
+        let null = std::ptr::null_mut();
+        let (mut launches, mut syncs, mut ns) = (0, 0, 0u64);
+        let timed = |f: &dyn Fn()| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as u64
+        };
+        for _ in 0..20 {
+            for _ in 0..5 {
+                // SAFETY: the stand-in ignores its arguments.
+                unsafe { (self.launch)(null, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
+                launches += 1;
+            }
+            // SAFETY: as above.
+            ns += timed(&|| unsafe {
+                (self.stream_sync)(null);
+            });
+            ns += timed(&|| unsafe {
+                (self.ctx_sync)();
+            });
+            ns += timed(&|| unsafe {
+                (self.event_sync)(null);
+            });
+            ns += timed(&|| unsafe {
+                (self.memcpy_dtoh)(null, 0, 0);
+            });
+            syncs += 4;
+        }
+        (launches, syncs, ns)
+    }
 }
 
 /// The counts the exiting thread read just before it exited.
@@ -130,8 +224,11 @@ fn main() {
         "mixed" => args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3),
         "lifecycle" => 2,
         "pinned" => 2,
+        "cuda" => 1,
         other => panic!("unknown scenario {other}"),
     };
+    let cuda =
+        (scenario == "cuda").then(|| Arc::new(FakeCuda::open(args.get(1).expect("cuda LIBRARY"))));
     let cpu: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let millis: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);
     // Each round, every worker passes this barrier when its work is done (in lifecycle, the
@@ -144,6 +241,7 @@ fn main() {
         let done = Arc::clone(&done);
         let tid_tx = tid_tx.clone();
         let scenario = scenario.to_string();
+        let cuda = cuda.clone();
         thread::Builder::new()
             .name(format!("load-{index}"))
             .spawn(move || {
@@ -156,6 +254,10 @@ fn main() {
                         "pinned" => {
                             pin_to(cpu);
                             spin_for(Duration::from_millis(millis));
+                        }
+                        "cuda" => {
+                            let r = cuda.as_ref().expect("library").round();
+                            *CUDA_ROUND.lock().unwrap() = Some(r);
                         }
                         "lifecycle" if index == 0 => {
                             // Work, read its own counts, and exit at once inside the window:
@@ -227,6 +329,9 @@ fn main() {
         } else {
             gate.open();
             done.wait();
+        }
+        if let Some((launches, syncs, sync_ns)) = CUDA_ROUND.lock().unwrap().take() {
+            extra = format!(" launches={launches} syncs={syncs} sync_ns={sync_ns}");
         }
         say(&format!("done{extra}"));
     }

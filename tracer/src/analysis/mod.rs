@@ -1,5 +1,6 @@
 //! Analysis: pure functions from a `Recording` to what the renderers print. No I/O here.
 
 pub mod counters;
+pub mod gpu;
 pub mod quantiles;
 pub mod summary;

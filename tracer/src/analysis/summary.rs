@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::{
     counters::{self, CounterBin, CounterValues, ThreadCounterSummary},
+    gpu::{self as gpu_analysis, GpuSummary},
     quantiles::{QuantileSource, wait_quantiles},
 };
 use crate::{
@@ -42,6 +43,9 @@ pub struct Summary {
     pub capabilities: Capabilities,
     pub totals: Totals,
     pub counters: CountersSummary,
+    /// NVML figures per GPU; null when no GPU was sampled (see `capabilities.gpu`).
+    pub gpu: Option<GpuSummary>,
+    pub cuda: CudaSummary,
     /// Sorted by run-queue wait, largest first.
     pub threads: Vec<ThreadSummary>,
     /// Sorted by the waiting they caused, largest first.
@@ -49,6 +53,30 @@ pub struct Summary {
     /// The same, added up per process.
     pub preemptor_processes: Vec<PreemptorProcess>,
     pub migration_routes: Vec<MigrationRoute>,
+}
+
+/// The target's CUDA driver calls, all threads together.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CudaSummary {
+    /// The uprobes were attached (see `capabilities.gpu.cuda`).
+    pub measured: bool,
+    pub launches: u64,
+    pub sync_calls: u64,
+    /// Time threads spent inside synchronizing calls, added over threads.
+    pub sync_ns: u64,
+    /// The largest share of a thread's time spent waiting for the GPU.
+    pub max_thread_sync_share: f64,
+}
+
+/// One thread's CUDA calls.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadCuda {
+    pub launches: u64,
+    pub sync_calls: u64,
+    pub sync_ns: u64,
+    pub sync_max_ns: u64,
+    /// Share of the thread's time in the window spent in synchronizing calls.
+    pub sync_share: f64,
 }
 
 /// Perf counters for the whole process, and over time.
@@ -110,6 +138,8 @@ pub struct ThreadSummary {
     /// The thread's counters per time bin, bins with activity only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub counter_bins: Vec<CounterBin>,
+    /// CUDA calls (null when the thread made none, or CUDA was not probed).
+    pub cuda: Option<ThreadCuda>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -199,7 +229,28 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
         counters: (rec.counter_mask != 0)
             .then(|| counters::thread_summary(&t.counters.unwrap_or_default(), rec.counter_mask)),
         counter_bins: counters::thread_series(rec, t.tid),
+        cuda: t.cuda.map(|c| ThreadCuda {
+            launches: c.launches,
+            sync_calls: c.sync_calls,
+            sync_ns: c.sync_ns,
+            sync_max_ns: c.sync_max_ns,
+            sync_share: c.sync_ns as f64 / t.alive_ns().max(1) as f64,
+        }),
     }
+}
+
+fn cuda_summary(rec: &Recording, threads: &[ThreadSummary]) -> CudaSummary {
+    let mut c = CudaSummary {
+        measured: rec.capabilities.gpu.cuda.available,
+        ..Default::default()
+    };
+    for t in threads.iter().filter_map(|t| t.cuda.as_ref()) {
+        c.launches += t.launches;
+        c.sync_calls += t.sync_calls;
+        c.sync_ns += t.sync_ns;
+        c.max_thread_sync_share = c.max_thread_sync_share.max(t.sync_share);
+    }
+    c
 }
 
 fn counters_summary(rec: &Recording) -> CountersSummary {
@@ -302,6 +353,8 @@ pub fn summarize(rec: &Recording) -> Summary {
         capabilities: rec.capabilities.clone(),
         totals: totals(&rec.threads),
         counters: counters_summary(rec),
+        gpu: gpu_analysis::summarize(rec),
+        cuda: cuda_summary(rec, &threads),
         threads,
         preemptors,
         preemptor_processes,
@@ -339,6 +392,7 @@ mod tests {
             runq_wait_log2_hist: log2,
             runq_wait_samples: samples,
             counters: None,
+            cuda: None,
         }
     }
 
@@ -364,6 +418,9 @@ mod tests {
             capabilities: crate::sources::host::tests::no_capabilities(),
             counter_mask: 0,
             counter_bins: Default::default(),
+            gpu: None,
+            cuda_syncs: vec![],
+            cuda_launch_bins: Default::default(),
         }
     }
 

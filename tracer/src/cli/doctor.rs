@@ -142,7 +142,17 @@ fn report(pid: Option<u32>) -> Report {
             pmu,
             btf: host::btf(Path::new(layout::VMLINUX_BTF)),
             tracefs: host::tracefs(),
-            gpu: gpu.capability,
+            gpu: host::GpuCapability::from_parts(
+                gpu.capability.clone(),
+                gpu.gpm(),
+                match pid {
+                    Some(pid) => match crate::sources::ebpf::cuda::find_libcuda(pid) {
+                        Some((_, path)) => cap(true, format!("PID {pid} maps {path}")),
+                        None => cap(false, format!("PID {pid} has not mapped libcuda.so")),
+                    },
+                    None => cap(false, "not checked: give --pid to check a process"),
+                },
+            ),
         },
         tp_btf,
         privileges: Privileges {
@@ -203,7 +213,10 @@ fn render(r: &Report) -> String {
             .map_or("unknown".into(), |p| p.to_string())
     );
     line(&mut out, &r.uprobes, "uprobes");
-    line(&mut out, &r.capabilities.gpu, "NVIDIA GPUs");
+    let g = &r.capabilities.gpu;
+    line(&mut out, &cap(g.available, g.reason.clone()), "NVIDIA GPUs");
+    line(&mut out, &g.gpm, "GPM");
+    line(&mut out, &g.cuda, "libcuda in target");
     for g in &r.gpus {
         let _ = writeln!(
             out,

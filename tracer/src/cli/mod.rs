@@ -13,7 +13,7 @@ use crate::{
     analysis::summary::summarize,
     recording::Recording,
     render,
-    session::SessionOptions,
+    session::{GpuSettings, SessionOptions},
     sources::{
         ebpf::{ProbeChoice, ProbeOptions},
         perf::CounterChoice,
@@ -81,6 +81,24 @@ pub struct RecordArgs {
     /// Width of the time bins of the counter series (IPC, MPKI over time).
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub bin: Duration,
+    /// The GPU to sample, by index or UUID (default: the GPUs the target uses, else all).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// How often NVML is polled (10ms..10s). The driver averages utilization over 1/6 s to
+    /// 1 s, so polling faster mostly adds cost.
+    #[arg(long, default_value = "100ms", value_parser = parse_gpu_interval)]
+    pub gpu_interval: Duration,
+    /// Do not sample GPUs.
+    #[arg(long, conflicts_with = "gpu")]
+    pub no_gpu: bool,
+}
+
+fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(10) {
+        return Err("must be between 10ms and 10s".into());
+    }
+    Ok(d)
 }
 
 impl RecordArgs {
@@ -94,6 +112,10 @@ impl RecordArgs {
             },
             counters: self.counters,
             bin: self.bin,
+            gpu: (!self.no_gpu).then(|| GpuSettings {
+                select: self.gpu.clone(),
+                interval: self.gpu_interval,
+            }),
             progress: !self.quiet,
             notices: !self.quiet,
         }

@@ -3,10 +3,12 @@
 //! per-thread accounts out.
 
 pub mod counters;
+pub mod gpu;
 
 use std::collections::BTreeMap;
 
 use counters::{CounterBins, CounterTotals};
+use gpu::GpuRecording;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, ThreadState, ThreadStats};
@@ -84,6 +86,39 @@ pub struct ThreadRecord {
     pub runq_wait_samples: WaitSamples,
     /// Perf counter totals over the thread's slices in the window, if counters were open.
     pub counters: Option<CounterTotals>,
+    /// CUDA calls, if the thread made any while the uprobes were attached.
+    pub cuda: Option<CudaTotals>,
+}
+
+/// A thread's CUDA driver calls over the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CudaTotals {
+    pub launches: u64,
+    pub sync_calls: u64,
+    /// Time inside synchronizing calls: waiting for the GPU.
+    pub sync_ns: u64,
+    pub sync_max_ns: u64,
+}
+
+impl From<&tracer_common::CudaThread> for CudaTotals {
+    fn from(c: &tracer_common::CudaThread) -> Self {
+        Self {
+            launches: c.launches,
+            sync_calls: c.sync_calls,
+            sync_ns: c.sync_ns,
+            sync_max_ns: c.sync_max_ns,
+        }
+    }
+}
+
+/// One synchronizing CUDA call of one thread, on the timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CudaSpan {
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The libcuda function (`CudaFn` discriminant).
+    pub function: u32,
 }
 
 impl ThreadRecord {
@@ -137,6 +172,13 @@ pub struct Recording {
     pub counter_mask: u32,
     #[serde(skip)]
     pub counter_bins: CounterBins,
+    /// NVML samples, when a GPU could be sampled.
+    pub gpu: Option<GpuRecording>,
+    /// Synchronizing CUDA calls, in time order of their end.
+    pub cuda_syncs: Vec<CudaSpan>,
+    /// Kernel launches per thread per time bin (the counter bins' width).
+    #[serde(skip)]
+    pub cuda_launch_bins: BTreeMap<u32, BTreeMap<u64, u64>>,
 }
 
 impl Recording {
@@ -203,6 +245,7 @@ pub fn close_thread(
         runq_wait_log2_hist: s.runq_hist.to_vec(),
         runq_wait_samples: samples,
         counters: None,
+        cuda: None,
     }
 }
 
@@ -229,6 +272,7 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
         runq_wait_log2_hist: vec![0; tracer_common::RUNQ_HIST_SLOTS],
         runq_wait_samples: WaitSamples::default(),
         counters: None,
+        cuda: None,
     }
 }
 
@@ -244,6 +288,8 @@ pub struct ThreadInputs {
     pub samples: BTreeMap<u32, WaitSamples>,
     /// Perf counter totals, when counters were open.
     pub counters: BTreeMap<u32, CounterTotals>,
+    /// CUDA call accounting, when the uprobes were attached.
+    pub cuda: BTreeMap<u32, CudaTotals>,
 }
 
 /// Joins the inputs into thread records sorted by TID.
@@ -263,6 +309,11 @@ pub fn assemble_threads(mut inp: ThreadInputs, start: u64, end: u64) -> Vec<Thre
     for (tid, info) in &inp.initial {
         out.entry(*tid)
             .or_insert_with(|| quiet_thread(info, start, end));
+    }
+    for (tid, c) in inp.cuda {
+        if let Some(t) = out.get_mut(&tid) {
+            t.cuda = Some(c);
+        }
     }
     out.into_values().collect()
 }

@@ -17,7 +17,30 @@ pub struct Capabilities {
     pub pmu: PmuCapability,
     pub btf: Capability,
     pub tracefs: Capability,
-    pub gpu: Capability,
+    pub gpu: GpuCapability,
+}
+
+/// The GPU side: NVML sampling (`available`, `reason`), and beneath it GPM and the CUDA
+/// uprobes, each of which can be missing on its own.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuCapability {
+    pub available: bool,
+    pub reason: String,
+    /// GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth): Hopper and later.
+    pub gpm: Capability,
+    /// Time the target's threads spend in synchronizing CUDA calls (uprobes on libcuda).
+    pub cuda: Capability,
+}
+
+impl GpuCapability {
+    pub fn from_parts(nvml: Capability, gpm: Capability, cuda: Capability) -> Self {
+        Self {
+            available: nvml.available,
+            reason: nvml.reason,
+            gpm,
+            cuda,
+        }
+    }
 }
 
 fn yes(reason: impl Into<String>) -> Capability {
@@ -82,6 +105,29 @@ pub struct GpuReport {
     pub gpus: Vec<GpuInfo>,
 }
 
+impl GpuReport {
+    /// Whether any of the GPUs offers GPM.
+    pub fn gpm(&self) -> Capability {
+        if !self.capability.available {
+            return no(format!("no GPU: {}", self.capability.reason));
+        }
+        let with: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| g.gpm_supported)
+            .map(|g| g.index.to_string())
+            .collect();
+        if with.is_empty() {
+            no(
+                "GPM unsupported on these GPUs (it needs Hopper or later): SM activity, \
+                occupancy, tensor and DRAM metrics are not assessed",
+            )
+        } else {
+            yes(format!("GPM on GPU {}", with.join(", ")))
+        }
+    }
+}
+
 /// Opens NVML. The driver installs `libnvidia-ml.so.1`; the unversioned name exists only with
 /// development packages, which nvml-wrapper's default expects.
 pub fn nvml() -> Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError> {
@@ -91,24 +137,25 @@ pub fn nvml() -> Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError> {
         .or_else(|_| nvml_wrapper::Nvml::init())
 }
 
+/// Why NVML could not be opened, in words a user can act on.
+pub fn nvml_error_reason(e: &nvml_wrapper::error::NvmlError) -> String {
+    use nvml_wrapper::error::NvmlError;
+    match e {
+        NvmlError::LibloadingError(_) => {
+            "no NVML library (libnvidia-ml.so.1): no NVIDIA driver on this host".into()
+        }
+        NvmlError::DriverNotLoaded => "NVML found but the NVIDIA driver is not loaded".into(),
+        NvmlError::NoPermission => "NVML has no permission to talk to the driver".into(),
+        other => format!("NVML failed to initialize: {other}"),
+    }
+}
+
 pub fn gpu() -> GpuReport {
     let nvml = match nvml() {
         Ok(n) => n,
         Err(e) => {
-            let why = match e {
-                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
-                    "no NVML library (libnvidia-ml.so.1): no NVIDIA driver on this host".into()
-                }
-                nvml_wrapper::error::NvmlError::DriverNotLoaded => {
-                    "NVML found but the NVIDIA driver is not loaded".into()
-                }
-                nvml_wrapper::error::NvmlError::NoPermission => {
-                    "NVML has no permission to talk to the driver".into()
-                }
-                other => format!("NVML failed to initialize: {other}"),
-            };
             return GpuReport {
-                capability: no(why),
+                capability: no(nvml_error_reason(&e)),
                 driver_version: None,
                 gpus: vec![],
             };
@@ -158,7 +205,7 @@ pub mod tests {
             },
             btf: no("test"),
             tracefs: no("test"),
-            gpu: no("test"),
+            gpu: GpuCapability::from_parts(no("test"), no("test"), no("test")),
         }
     }
 

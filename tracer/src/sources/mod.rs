@@ -3,6 +3,7 @@
 
 pub mod cgroup;
 pub mod ebpf;
+pub mod gpu;
 pub mod host;
 pub mod perf;
 pub mod privileges;

@@ -3,7 +3,10 @@
 //! and reads back what it recorded.
 
 pub mod btf;
+pub mod cuda;
+mod elf;
 pub mod layout;
+mod read;
 mod ring;
 
 pub use ring::{Record, decode};
@@ -17,14 +20,12 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, Map, MapData, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
-use tracer_common::{
-    COUNTER_SLOTS, Config, MigrationKey, Preemptor, ThreadCounters, ThreadState, ThreadStats,
-};
+use tracer_common::{Config, CudaThread, ThreadCounters, ThreadStats};
 
 use crate::{error::TracerError, sources::perf::PerfSet};
 
@@ -89,10 +90,25 @@ pub struct Losses {
     pub unseen_switch_ins: u64,
     /// Switches off a CPU the kernel did not trace, repaired.
     pub unseen_switch_outs: u64,
+    /// Perf counter reads that failed: those slices' counters are missing.
+    pub perf_read_failed: u64,
 }
 
-/// Dead threads moved out of the kernel maps: their totals and their counters.
-pub type Reaped = (Vec<ThreadStats>, Vec<(u32, ThreadCounters)>);
+/// Dead threads moved out of the kernel maps: their totals, counters and CUDA accounting.
+#[derive(Default)]
+pub struct Reaped {
+    pub stats: Vec<ThreadStats>,
+    pub counters: Vec<(u32, ThreadCounters)>,
+    pub cuda: Vec<(u32, CudaThread)>,
+}
+
+impl Reaped {
+    pub fn extend(&mut self, other: Reaped) {
+        self.stats.extend(other.stats);
+        self.counters.extend(other.counters);
+        self.cuda.extend(other.cuda);
+    }
+}
 
 /// Options for loading the probes.
 pub struct ProbeOptions {
@@ -114,6 +130,9 @@ pub struct SchedProbes {
     /// The PMU capability and the counter slots the programs read.
     pub pmu: crate::sources::perf::PmuCapability,
     pub counter_mask: u32,
+    /// CUDA uprobes, and whether they could be attached.
+    cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
+    pub cuda: crate::sources::perf::Capability,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -195,6 +214,11 @@ impl SchedProbes {
             fallback_reason,
             pmu: perf.pmu.clone(),
             counter_mask: perf.mask,
+            cuda_links: Vec::new(),
+            cuda: crate::sources::perf::Capability {
+                available: false,
+                reason: "CUDA probes not attached".into(),
+            },
         })
     }
 
@@ -278,11 +302,38 @@ impl SchedProbes {
         Ok(())
     }
 
-    /// Detaches every probe, context switch first. The maps stay readable.
-    pub fn detach(&mut self) {
+    /// Attaches the CUDA uprobes to the libcuda the target has mapped, if it has. Not having
+    /// it is not an error: `cuda` says why GPU waits are not measured.
+    pub fn attach_cuda(&mut self, pid: u32) -> Result<()> {
+        let a = cuda::attach(&mut self.ebpf, pid)?;
+        self.cuda_links = a.links;
+        self.cuda = a.capability;
+        Ok(())
+    }
+
+    /// Detaches the scheduler probes, context switch first. The maps stay readable.
+    pub fn detach_sched(&mut self) {
         while let Some(link) = self.links.pop() {
             drop(link);
         }
+    }
+
+    /// Detaches the CUDA uprobes. Each uprobe removal waits for an SRCU grace period (about
+    /// 100 ms measured on the GPU machine, seconds for two dozen one after the other), so they
+    /// are removed in parallel.
+    pub fn detach_cuda(&mut self) {
+        let links = std::mem::take(&mut self.cuda_links);
+        std::thread::scope(|s| {
+            for link in links {
+                s.spawn(move || drop(link));
+            }
+        });
+    }
+
+    /// Detaches everything.
+    pub fn detach(&mut self) {
+        self.detach_sched();
+        self.detach_cuda();
     }
 
     /// The ring buffer, for waiting on readiness.
@@ -301,85 +352,6 @@ impl SchedProbes {
             }
         }
         n
-    }
-
-    fn threads_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadStats>> {
-        Ok(HashMap::try_from(
-            self.ebpf.map_mut("THREADS").context("THREADS map")?,
-        )?)
-    }
-
-    /// Removes the entries of threads that have exited and switched out for the last time, and
-    /// returns them with their counters: the maps then have room for new threads however many
-    /// come and go.
-    pub fn reap_dead(&mut self) -> Result<Reaped> {
-        let mut map = self.threads_map()?;
-        let dead: Vec<ThreadStats> = map
-            .iter()
-            .filter_map(|r| r.ok())
-            .map(|(_, v)| v)
-            .filter(|v| v.state == ThreadState::Dead as u32)
-            .collect();
-        for t in &dead {
-            let _ = map.remove(&t.tid);
-        }
-        let mut counters = self.counters_map()?;
-        let dead_counters: Vec<(u32, ThreadCounters)> = dead
-            .iter()
-            .filter_map(|t| Some((t.tid, counters.get(&t.tid, 0).ok()?)))
-            .collect();
-        for (tid, _) in &dead_counters {
-            let _ = counters.remove(tid);
-        }
-        Ok((dead, dead_counters))
-    }
-
-    fn counters_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadCounters>> {
-        Ok(HashMap::try_from(
-            self.ebpf
-                .map_mut("THREAD_COUNTERS")
-                .context("THREAD_COUNTERS map")?,
-        )?)
-    }
-
-    /// Perf counter totals per thread.
-    pub fn thread_counters(&mut self) -> Result<Vec<(u32, ThreadCounters)>> {
-        let map = self.counters_map()?;
-        Ok(map.iter().filter_map(|r| r.ok()).collect())
-    }
-
-    pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {
-        let map = self.threads_map()?;
-        Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
-    }
-
-    pub fn preemptors(&self) -> Result<Vec<Preemptor>> {
-        let map: HashMap<_, u32, Preemptor> =
-            HashMap::try_from(self.ebpf.map("PREEMPTORS").context("PREEMPTORS map")?)?;
-        Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
-    }
-
-    pub fn migrations(&self) -> Result<Vec<(MigrationKey, u64)>> {
-        let map: HashMap<_, MigrationKey, u64> =
-            HashMap::try_from(self.ebpf.map("MIGRATIONS").context("MIGRATIONS map")?)?;
-        Ok(map.iter().filter_map(|r| r.ok()).collect())
-    }
-
-    pub fn losses(&self) -> Result<Losses> {
-        let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
-        let mut sums = [0u64; COUNTER_SLOTS as usize];
-        for (i, sum) in sums.iter_mut().enumerate() {
-            *sum = map.get(&(i as u32), 0)?.iter().sum();
-        }
-        Ok(Losses {
-            ringbuf_dropped: sums[0],
-            thread_map_full: sums[1],
-            preemptor_map_full: sums[2],
-            migration_map_full: sums[3],
-            unseen_switch_ins: sums[4],
-            unseen_switch_outs: sums[5],
-        })
     }
 
     /// BPF program IDs by name, for run statistics.

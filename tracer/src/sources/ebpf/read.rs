@@ -1,0 +1,118 @@
+//! Reading what the kernel side kept: per-thread totals, counters, CUDA accounting,
+//! preemptors, migration routes and losses, and moving dead threads out of the maps.
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap, MapData, PerCpuArray};
+use tracer_common::{
+    COUNTER_SLOTS, CudaThread, MigrationKey, Preemptor, ThreadCounters, ThreadState, ThreadStats,
+};
+
+use super::{Losses, Reaped, SchedProbes};
+
+impl SchedProbes {
+    fn threads_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadStats>> {
+        Ok(HashMap::try_from(
+            self.ebpf.map_mut("THREADS").context("THREADS map")?,
+        )?)
+    }
+
+    /// Removes the entries of threads that have exited and switched out for the last time, and
+    /// returns them with their counters: the maps then have room for new threads however many
+    /// come and go.
+    pub fn reap_dead(&mut self) -> Result<Reaped> {
+        let mut map = self.threads_map()?;
+        let dead: Vec<ThreadStats> = map
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(_, v)| v)
+            .filter(|v| v.state == ThreadState::Dead as u32)
+            .collect();
+        for t in &dead {
+            let _ = map.remove(&t.tid);
+        }
+        let mut counters = self.counters_map()?;
+        let dead_counters: Vec<(u32, ThreadCounters)> = dead
+            .iter()
+            .filter_map(|t| Some((t.tid, counters.get(&t.tid, 0).ok()?)))
+            .collect();
+        for (tid, _) in &dead_counters {
+            let _ = counters.remove(tid);
+        }
+        let mut cuda = self.cuda_map()?;
+        let dead_cuda: Vec<(u32, CudaThread)> = dead
+            .iter()
+            .filter_map(|t| Some((t.tid, cuda.get(&t.tid, 0).ok()?)))
+            .collect();
+        for (tid, _) in &dead_cuda {
+            let _ = cuda.remove(tid);
+        }
+        Ok(Reaped {
+            stats: dead,
+            counters: dead_counters,
+            cuda: dead_cuda,
+        })
+    }
+
+    fn cuda_map(&mut self) -> Result<HashMap<&mut MapData, u32, CudaThread>> {
+        Ok(HashMap::try_from(
+            self.ebpf
+                .map_mut("CUDA_THREADS")
+                .context("CUDA_THREADS map")?,
+        )?)
+    }
+
+    /// CUDA call accounting per thread.
+    pub fn cuda_threads(&mut self) -> Result<Vec<(u32, CudaThread)>> {
+        let map = self.cuda_map()?;
+        Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    fn counters_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadCounters>> {
+        Ok(HashMap::try_from(
+            self.ebpf
+                .map_mut("THREAD_COUNTERS")
+                .context("THREAD_COUNTERS map")?,
+        )?)
+    }
+
+    /// Perf counter totals per thread.
+    pub fn thread_counters(&mut self) -> Result<Vec<(u32, ThreadCounters)>> {
+        let map = self.counters_map()?;
+        Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {
+        let map = self.threads_map()?;
+        Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
+    }
+
+    pub fn preemptors(&self) -> Result<Vec<Preemptor>> {
+        let map: HashMap<_, u32, Preemptor> =
+            HashMap::try_from(self.ebpf.map("PREEMPTORS").context("PREEMPTORS map")?)?;
+        Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
+    }
+
+    pub fn migrations(&self) -> Result<Vec<(MigrationKey, u64)>> {
+        let map: HashMap<_, MigrationKey, u64> =
+            HashMap::try_from(self.ebpf.map("MIGRATIONS").context("MIGRATIONS map")?)?;
+        Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    pub fn losses(&self) -> Result<Losses> {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        let mut sums = [0u64; COUNTER_SLOTS as usize];
+        for (i, sum) in sums.iter_mut().enumerate() {
+            *sum = map.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(Losses {
+            ringbuf_dropped: sums[0],
+            thread_map_full: sums[1],
+            preemptor_map_full: sums[2],
+            migration_map_full: sums[3],
+            unseen_switch_ins: sums[4],
+            unseen_switch_outs: sums[5],
+            perf_read_failed: sums[6],
+        })
+    }
+}
