@@ -12,4 +12,5 @@ pub mod recording;
 pub mod render;
 pub mod session;
 pub mod sources;
+pub mod trace;
 pub mod workload;

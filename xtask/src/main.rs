@@ -41,6 +41,8 @@ enum Cmd {
     },
     /// cargo fmt --check, then clippy on the host crates and, separately, on the eBPF crate.
     Lint,
+    /// Regenerate docs/summary.schema.json from the summary's Rust types.
+    Schema,
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -145,6 +147,24 @@ fn lint() -> Result<()> {
     run(&mut ebpf)
 }
 
+fn schema() -> Result<()> {
+    setup::ensure()?;
+    let out = cargo()
+        .args(["run", "--quiet", "-p", "tracer", "--", "schema"])
+        .output()
+        .context("running tracer schema")?;
+    if !out.status.success() {
+        bail!(
+            "tracer schema failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let path = workspace_root().join("docs/summary.schema.json");
+    std::fs::write(&path, &out.stdout).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("xtask: wrote {}", path.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -155,6 +175,7 @@ fn main() -> ExitCode {
         Cmd::Demo { args } => demo(&args),
         Cmd::Test { args } => test(&args),
         Cmd::Lint => lint(),
+        Cmd::Schema => schema(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

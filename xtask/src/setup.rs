@@ -11,12 +11,17 @@ use anyhow::{Result, bail};
 use crate::{is_root, run};
 
 /// Debian packages: LLVM 22 for bpf-linker, bpftool (the BTF cross-check test and BPF
-/// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks).
-const APT_PACKAGES: [(&str, &str); 4] = [
+/// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks), protoc
+/// (decodes the Perfetto output in the tests), Chromium (renders the HTML output in the
+/// tests), a C compiler (the stand-in libcuda).
+const APT_PACKAGES: [(&str, &str); 7] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
     ("linux-perf", "perf"),
+    ("protobuf-compiler", "protoc"),
+    ("chromium", "chromium"),
+    ("gcc", "cc"),
 ];
 
 fn have(program: &str) -> bool {

@@ -7,7 +7,7 @@ use crate::recording::{Recording, counters::CounterTotals};
 
 /// Counter values and the ratios derived from them. A field is null when its counter was not
 /// measured (no PMU, not requested), never zero for "unknown".
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct CounterValues {
     pub cycles: Option<u64>,
     pub instructions: Option<u64>,
@@ -60,7 +60,7 @@ impl CounterValues {
 }
 
 /// One thread's counters over the window.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ThreadCounterSummary {
     #[serde(flatten)]
     pub values: CounterValues,
@@ -89,7 +89,7 @@ pub fn thread_summary(t: &CounterTotals, mask: u32) -> ThreadCounterSummary {
 }
 
 /// Counter values in one time bin.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct CounterBin {
     pub start_ns: u64,
     #[serde(flatten)]

@@ -21,14 +21,14 @@ pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
     (0x100, "display_clock_setting"),
 ];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ReasonShare {
     pub reason: &'static str,
     /// Fraction of polls in which the reason was active.
     pub share_of_polls: f64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct GpmSummary {
     pub sm_activity_pct: Option<f64>,
     pub sm_occupancy_pct: Option<f64>,
@@ -37,7 +37,7 @@ pub struct GpmSummary {
 }
 
 /// One poll, trimmed for the series.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct GpuPoint {
     pub t_ns: u64,
     pub util_gpu_pct: Option<u32>,
@@ -47,7 +47,7 @@ pub struct GpuPoint {
     pub tensor_activity_pct: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct GpuDeviceSummary {
     pub index: u32,
     pub name: String,
@@ -76,7 +76,7 @@ pub struct GpuDeviceSummary {
     pub series: Vec<GpuPoint>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct GpuSummary {
     pub selection: String,
     pub interval_ns: u64,

@@ -1,6 +1,8 @@
 //! Analysis: pure functions from a `Recording` to what the renderers print. No I/O here.
 
+pub mod cgroup;
 pub mod counters;
 pub mod gpu;
 pub mod quantiles;
 pub mod summary;
+pub mod timeline;

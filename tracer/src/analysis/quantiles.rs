@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::recording::WaitSamples;
 
 /// Where a thread's wait quantiles come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum QuantileSource {
     /// Every wait, from the timeline: within 1 %.

@@ -14,16 +14,17 @@ use crate::{
         ebpf::{Losses, ProbeMode},
         host::Capabilities,
         perf::slot_names,
+        topology::{MigrationKind, classify},
     },
 };
 
 /// Version of the JSON document's shape; bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Summary {
     pub schema_version: u32,
-    pub tracer_version: &'static str,
+    pub tracer_version: String,
     pub pid: u32,
     pub comm: String,
     pub cmdline: Vec<String>,
@@ -34,6 +35,8 @@ pub struct Summary {
     pub target_exited_ns: Option<u64>,
     pub probe_mode: ProbeMode,
     pub probe_fallback_reason: Option<String>,
+    /// Set when the recording came from an unfinished trace file: what is missing.
+    pub incomplete: Option<String>,
     /// Timeline events lost to a full ring buffer. The per-thread totals stay exact.
     pub dropped_events: u64,
     pub events_received: u64,
@@ -45,6 +48,8 @@ pub struct Summary {
     pub counters: CountersSummary,
     /// NVML figures per GPU; null when no GPU was sampled (see `capabilities.gpu`).
     pub gpu: Option<GpuSummary>,
+    /// The target cgroup's CPU bandwidth throttling; null when its cpu.stat was not found.
+    pub cgroup: Option<super::cgroup::CgroupSummary>,
     pub cuda: CudaSummary,
     /// Sorted by run-queue wait, largest first.
     pub threads: Vec<ThreadSummary>,
@@ -52,11 +57,19 @@ pub struct Summary {
     pub preemptors: Vec<PreemptorSummary>,
     /// The same, added up per process.
     pub preemptor_processes: Vec<PreemptorProcess>,
-    pub migration_routes: Vec<MigrationRoute>,
+    pub migration_routes: Vec<RouteSummary>,
+}
+
+/// A migration route, with how far it moved the thread.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct RouteSummary {
+    #[serde(flatten)]
+    pub route: MigrationRoute,
+    pub kind: MigrationKind,
 }
 
 /// The target's CUDA driver calls, all threads together.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct CudaSummary {
     /// The uprobes were attached (see `capabilities.gpu.cuda`).
     pub measured: bool,
@@ -69,7 +82,7 @@ pub struct CudaSummary {
 }
 
 /// One thread's CUDA calls.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ThreadCuda {
     pub launches: u64,
     pub sync_calls: u64,
@@ -80,7 +93,7 @@ pub struct ThreadCuda {
 }
 
 /// Perf counters for the whole process, and over time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct CountersSummary {
     /// The counters measured (empty: none could be opened, see `capabilities.pmu`).
     pub measured: Vec<&'static str>,
@@ -92,7 +105,7 @@ pub struct CountersSummary {
     pub series: Vec<CounterBin>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Totals {
     pub threads: u64,
     pub threads_created: u64,
@@ -111,9 +124,14 @@ pub struct Totals {
     pub runq_wait_quantiles_from: Option<QuantileSource>,
     /// Run-queue wait as a share of the time the threads wanted a CPU (on-CPU + waiting).
     pub runq_wait_share: f64,
+    /// Migrations by how far they went (from the migration routes and the CPU topology).
+    pub migrations_same_core: u64,
+    pub migrations_same_llc: u64,
+    pub migrations_cross_llc: u64,
+    pub migrations_cross_numa: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ThreadSummary {
     pub tid: u32,
     pub comm: String,
@@ -142,7 +160,7 @@ pub struct ThreadSummary {
     pub cuda: Option<ThreadCuda>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PreemptorSummary {
     pub pid: u32,
     pub tgid: u32,
@@ -156,7 +174,7 @@ pub struct PreemptorSummary {
     pub same_process: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PreemptorProcess {
     pub tgid: u32,
     pub comm: String,
@@ -332,11 +350,33 @@ pub fn summarize(rec: &Recording) -> Summary {
         .collect();
     preemptors.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.pid.cmp(&b.pid)));
     let preemptor_processes = by_process(rec, &preemptors);
-    let mut migration_routes = rec.migration_routes.clone();
-    migration_routes.sort_by_key(|r| (std::cmp::Reverse(r.count), r.tid, r.from_cpu, r.to_cpu));
+    let mut migration_routes: Vec<RouteSummary> = rec
+        .migration_routes
+        .iter()
+        .map(|r| RouteSummary {
+            route: *r,
+            kind: classify(&rec.host.topology, r.from_cpu, r.to_cpu),
+        })
+        .collect();
+    migration_routes.sort_by_key(|r| {
+        let r = &r.route;
+        (std::cmp::Reverse(r.count), r.tid, r.from_cpu, r.to_cpu)
+    });
+    let mut totals = totals(&rec.threads);
+    for r in &migration_routes {
+        let slot = match r.kind {
+            MigrationKind::SameCore => &mut totals.migrations_same_core,
+            MigrationKind::SameLlc => &mut totals.migrations_same_llc,
+            MigrationKind::CrossLlc => &mut totals.migrations_cross_llc,
+            MigrationKind::CrossNuma => &mut totals.migrations_cross_numa,
+            MigrationKind::Unknown => continue,
+        };
+        *slot += r.route.count;
+    }
+
     Summary {
         schema_version: SCHEMA_VERSION,
-        tracer_version: rec.tracer_version,
+        tracer_version: rec.tracer_version.clone(),
         pid: rec.target.pid,
         comm: rec.target.comm.clone(),
         cmdline: rec.target.cmdline.clone(),
@@ -347,13 +387,15 @@ pub fn summarize(rec: &Recording) -> Summary {
         target_exited_ns: rec.target_exited_ns,
         probe_mode: rec.probe_mode,
         probe_fallback_reason: rec.probe_fallback_reason.clone(),
+        incomplete: rec.incomplete.clone(),
         dropped_events: rec.losses.ringbuf_dropped,
         events_received: rec.events_received,
         losses: rec.losses,
         capabilities: rec.capabilities.clone(),
-        totals: totals(&rec.threads),
+        totals,
         counters: counters_summary(rec),
         gpu: gpu_analysis::summarize(rec),
+        cgroup: super::cgroup::summarize(rec),
         cuda: cuda_summary(rec, &threads),
         threads,
         preemptors,
@@ -398,7 +440,7 @@ mod tests {
 
     fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -> Recording {
         Recording {
-            tracer_version: "test",
+            tracer_version: "test".into(),
             target: TargetMeta {
                 pid: 100,
                 comm: "server".into(),
@@ -421,6 +463,10 @@ mod tests {
             gpu: None,
             cuda_syncs: vec![],
             cuda_launch_bins: Default::default(),
+            cgroup: None,
+            host: Default::default(),
+            incomplete: None,
+            timeline: Default::default(),
         }
     }
 

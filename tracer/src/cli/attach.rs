@@ -32,6 +32,6 @@ pub fn run(args: AttachArgs) -> Result<()> {
     }
     let opts = args.record.session_options(Some(args.duration));
     let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
-    print_recording(&rec, &args.record);
+    print_recording(&rec, args.record.json, &args.record.outputs)?;
     Ok(())
 }

@@ -166,7 +166,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             },
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        return super::write_outputs(&rec, &report.summary, &args.record.outputs);
     }
     print!("{}", render::text::render(&summary));
     println!("\nRequest latency, as the server measured it:");
@@ -182,7 +182,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     line("before the disturbance", baseline);
     line("during the recording", recorded);
-    Ok(())
+    super::write_outputs(&rec, &summary, &args.record.outputs)
 }
 
 #[cfg(test)]

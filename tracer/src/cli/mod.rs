@@ -3,6 +3,7 @@
 mod attach;
 mod demo;
 mod doctor;
+mod report;
 mod run;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -30,7 +31,8 @@ use crate::{
     tracer doctor                        # what this host can measure
     sudo tracer attach --pid 1234        # record PID 1234 for 10 s and summarize
     sudo tracer attach --pid 1234 -d 30s --json > trace.json
-    sudo tracer run -- python3 serve.py  # trace a command from its first instruction")]
+    sudo tracer run -- python3 serve.py  # trace a command from its first instruction
+    sudo tracer attach -p 1234 -o rec.trace && tracer report rec.trace --html rec.html")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,12 +48,17 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Say what this host lets the tracer measure, and what to do about the rest.
     Doctor(doctor::DoctorArgs),
+    /// Read a trace file written with --output and print its summary again.
+    Report(report::ReportArgs),
     /// The built-in workload (used by `demo` and the tests).
     #[command(hide = true)]
     Workload(workload::server::WorkloadArgs),
     /// CPU-hog threads (the demo's disturbance).
     #[command(hide = true)]
     Hog(workload::hog::HogArgs),
+    /// Print the JSON Schema of the --json document.
+    #[command(hide = true)]
+    Schema,
 }
 
 /// How the recording is taken and shown, shared by attach, run and demo.
@@ -91,6 +98,30 @@ pub struct RecordArgs {
     /// Do not sample GPUs.
     #[arg(long, conflicts_with = "gpu")]
     pub no_gpu: bool,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+    /// Write the recording to this trace file as it goes (`tracer report FILE` reads it).
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+/// Files made from a recording, by `attach`, `run` and `report` alike.
+#[derive(Debug, Args, Clone)]
+pub struct OutputArgs {
+    /// Write a Perfetto trace (open it at ui.perfetto.dev): a track per thread with its
+    /// states, counter tracks for run-queue wait, MPKI, GPU utilization and CUDA waits.
+    #[arg(long)]
+    pub perfetto: Option<PathBuf>,
+    /// Write one self-contained HTML page: the summary, a per-thread state timeline, a CPU x
+    /// time map of run-queue waits, and the GPU series.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+}
+
+impl OutputArgs {
+    pub fn need_timeline(&self) -> bool {
+        self.perfetto.is_some() || self.html.is_some()
+    }
 }
 
 fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
@@ -118,6 +149,8 @@ impl RecordArgs {
             }),
             progress: !self.quiet,
             notices: !self.quiet,
+            output: self.output.clone(),
+            keep_timeline: self.outputs.need_timeline(),
         }
     }
 }
@@ -150,14 +183,36 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Prints a recording the way `args` asks.
-pub fn print_recording(rec: &Recording, args: &RecordArgs) {
+/// Prints a recording (text or JSON) and writes the files `outputs` asks for.
+pub fn print_recording(rec: &Recording, json: bool, outputs: &OutputArgs) -> anyhow::Result<()> {
     let summary = summarize(rec);
-    if args.json {
+    if json {
         println!("{}", render::json(&summary));
     } else {
         print!("{}", render::text::render(&summary));
     }
+    write_outputs(rec, &summary, outputs)
+}
+
+/// Writes the Perfetto and HTML files `outputs` asks for.
+pub fn write_outputs(
+    rec: &Recording,
+    summary: &crate::analysis::summary::Summary,
+    outputs: &OutputArgs,
+) -> anyhow::Result<()> {
+    if let Some(path) = &outputs.perfetto {
+        write_output(path, &render::perfetto::render(rec))?;
+    }
+    if let Some(path) = &outputs.html {
+        write_output(path, render::html::render(rec, summary).as_bytes())?;
+    }
+    Ok(())
+}
+
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    crate::trace::writer::write_atomic(path, bytes)?;
+    eprintln!("tracer: wrote {}", path.display());
+    Ok(())
 }
 
 /// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain
@@ -175,8 +230,13 @@ pub fn main() -> ExitCode {
         Command::Run(r) => run::run(r),
         Command::Demo(d) => demo::run(d),
         Command::Doctor(d) => doctor::run(d),
+        Command::Report(r) => report::run(r),
         Command::Workload(w) => workload::server::run(w),
         Command::Hog(h) => workload::hog::run(h),
+        Command::Schema => {
+            print!("{}", render::json_schema());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

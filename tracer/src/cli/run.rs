@@ -118,6 +118,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             None => eprintln!("tracer: the command is still running (PID {})", child.pid),
         }
     }
-    print_recording(&rec, &args.record);
+    print_recording(&rec, args.record.json, &args.record.outputs)?;
     Ok(())
 }

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{CounterSlice, PERF_SLOTS, ThreadCounters};
 
 /// One thread's totals, by `PerfSlot`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterTotals {
     /// Deltas scaled for multiplexing (enabled / running), as perf stat reports them.
     pub scaled: [u64; PERF_SLOTS],

@@ -88,7 +88,7 @@ pub struct UtilSample {
 }
 
 /// What one kind of NVML call cost the sampler over the recording.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CallCost {
     pub call: String,
     pub calls: u64,

@@ -2,6 +2,7 @@
 //! the sources. Assembly is pure: the kernel's per-thread totals and the window edges in, closed
 //! per-thread accounts out.
 
+pub mod collect;
 pub mod counters;
 pub mod gpu;
 
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 use counters::{CounterBins, CounterTotals};
 use gpu::GpuRecording;
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, ThreadState, ThreadStats};
 
 use crate::sources::{
@@ -20,7 +21,7 @@ use crate::sources::{
 };
 
 /// Why the recording ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
     /// The requested duration elapsed.
@@ -29,9 +30,11 @@ pub enum EndReason {
     Interrupted,
     /// The target process exited.
     TargetExited,
+    /// Recovered from a trace file the tracer did not finish (crash, kill, full disk).
+    Unfinished,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetMeta {
     pub pid: u32,
     pub comm: String,
@@ -63,7 +66,7 @@ impl WaitSamples {
 
 /// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part
 /// of the window the thread was alive.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ThreadRecord {
     pub tid: u32,
     pub comm: String,
@@ -91,7 +94,7 @@ pub struct ThreadRecord {
 }
 
 /// A thread's CUDA driver calls over the window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CudaTotals {
     pub launches: u64,
     pub sync_calls: u64,
@@ -112,7 +115,7 @@ impl From<&tracer_common::CudaThread> for CudaTotals {
 }
 
 /// One synchronizing CUDA call of one thread, on the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CudaSpan {
     pub tid: u32,
     pub start_ns: u64,
@@ -130,7 +133,7 @@ impl ThreadRecord {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PreemptorRecord {
     pub pid: u32,
     pub tgid: u32,
@@ -142,7 +145,7 @@ pub struct PreemptorRecord {
     pub slices: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MigrationRoute {
     pub tid: u32,
     pub from_cpu: u32,
@@ -150,9 +153,9 @@ pub struct MigrationRoute {
     pub count: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Recording {
-    pub tracer_version: &'static str,
+    pub tracer_version: String,
     pub target: TargetMeta,
     pub probe_mode: ProbeMode,
     /// Why tp_btf was not used, if it was not.
@@ -174,11 +177,48 @@ pub struct Recording {
     pub counter_bins: CounterBins,
     /// NVML samples, when a GPU could be sampled.
     pub gpu: Option<GpuRecording>,
-    /// Synchronizing CUDA calls, in time order of their end.
+    /// The target cgroup's CPU bandwidth throttling over the window.
+    pub cgroup: Option<CgroupRecording>,
+    /// The machine and the tracer invocation.
+    pub host: HostMeta,
+    /// Set when this recording was recovered from an incomplete trace file: what is missing.
+    pub incomplete: Option<String>,
+    /// The timeline records, kept when an output needs them (Perfetto, HTML).
+    #[serde(skip)]
+    pub timeline: Timeline,
+    /// Synchronizing CUDA calls, in time order of their end (rebuilt from the timeline).
+    #[serde(skip)]
     pub cuda_syncs: Vec<CudaSpan>,
     /// Kernel launches per thread per time bin (the counter bins' width).
     #[serde(skip)]
     pub cuda_launch_bins: BTreeMap<u32, BTreeMap<u64, u64>>,
+}
+
+/// The machine a recording was made on, and how the tracer was invoked.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HostMeta {
+    pub hostname: String,
+    pub kernel: String,
+    pub clocksource: String,
+    pub cpu_model: String,
+    pub cpus_online: Vec<u32>,
+    pub topology: Vec<crate::sources::topology::CpuPlace>,
+    /// The tracer's own command line.
+    pub argv: Vec<String>,
+}
+
+/// The target cgroup's throttling counters over the window.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CgroupRecording {
+    pub cgroup: crate::sources::cgroup::CpuCgroup,
+    pub samples: Vec<crate::sources::cgroup::CgroupSample>,
+}
+
+/// Raw timeline records, in arrival order.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub events: Vec<tracer_common::Event>,
+    pub slices: Vec<tracer_common::CounterSlice>,
 }
 
 impl Recording {

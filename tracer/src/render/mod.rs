@@ -1,5 +1,7 @@
 //! Renderers: turn an analysis result into what people read.
 
+pub mod html;
+pub mod perfetto;
 pub mod text;
 
 use crate::analysis::summary::Summary;
@@ -7,4 +9,29 @@ use crate::analysis::summary::Summary;
 /// The `--json` document: the summary, as one JSON object.
 pub fn json(s: &Summary) -> String {
     serde_json::to_string_pretty(s).expect("the summary is plain data and always serializes")
+}
+
+/// The JSON Schema of the `--json` document (docs/summary.schema.json is this, committed).
+pub fn json_schema() -> String {
+    let mut schema = schemars::schema_for!(Summary);
+    schema.insert(
+        "title".into(),
+        "tracer summary (tracer attach/run/report --json)".into(),
+    );
+    serde_json::to_string_pretty(&schema).expect("a schema always serializes") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_committed_schema_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/summary.schema.json");
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == super::json_schema(),
+            "{} is out of date with the Summary type: regenerate it with `cargo xtask schema`",
+            path.display()
+        );
+    }
 }

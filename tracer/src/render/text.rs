@@ -71,6 +71,7 @@ pub fn render(s: &Summary) -> String {
                 .unwrap_or(s.end_ns)
                 .saturating_sub(s.start_ns))
         ),
+        EndReason::Unfinished => " (from an unfinished trace file)".into(),
     };
     let _ = writeln!(
         out,
@@ -106,9 +107,33 @@ pub fn render(s: &Summary) -> String {
     );
     let _ = writeln!(
         out,
-        "  context switches: {} voluntary, {} involuntary; {} migrations",
-        t.voluntary_switches, t.involuntary_switches, t.migrations
+        "  context switches: {} voluntary, {} involuntary; {} migrations ({} within a core, {} \
+         within an LLC, {} across LLCs, {} across NUMA nodes)",
+        t.voluntary_switches,
+        t.involuntary_switches,
+        t.migrations,
+        t.migrations_same_core,
+        t.migrations_same_llc,
+        t.migrations_cross_llc,
+        t.migrations_cross_numa
     );
+    if let Some(c) = &s.cgroup {
+        let quota = if c.limits_cpus.is_empty() {
+            "no CPU quota".to_string()
+        } else {
+            let cpus: Vec<String> = c.limits_cpus.iter().map(|q| format!("{q:.2}")).collect();
+            format!("CPU quota {} CPUs", cpus.join(" / "))
+        };
+        let _ = writeln!(
+            out,
+            "  cgroup {}: {quota}; throttled in {} of {} periods ({}), {} in all",
+            c.path,
+            c.throttled_periods,
+            c.periods,
+            pct(c.throttled_share),
+            dur(c.throttled_ns)
+        );
+    }
     if s.dropped_events > 0 {
         let _ = writeln!(
             out,
@@ -125,6 +150,9 @@ pub fn render(s: &Summary) -> String {
              some activity is not counted",
             l.thread_map_full, l.preemptor_map_full, l.migration_map_full
         );
+    }
+    if let Some(what) = &s.incomplete {
+        let _ = writeln!(out, "  warning: {what}");
     }
     if let Some(reason) = &s.probe_fallback_reason {
         let _ = writeln!(out, "  note: classic tracepoints were used: {reason}");

@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Which cgroup hierarchy layout the host uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CgroupVersion {
     /// Only the unified hierarchy.
@@ -38,7 +38,7 @@ pub fn version() -> CgroupVersion {
 }
 
 /// A CPU bandwidth limit of one cgroup on the path from the target's cgroup to the root.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuLimit {
     pub cgroup: String,
     pub quota_us: u64,
@@ -48,7 +48,7 @@ pub struct CpuLimit {
 }
 
 /// Throttling counters of the cgroup, as `cpu.stat` reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Throttling {
     pub nr_periods: u64,
     pub nr_throttled: u64,
@@ -56,7 +56,7 @@ pub struct Throttling {
 }
 
 /// Where the target's CPU controller files are, and what they say.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CpuCgroup {
     pub version: CgroupVersion,
     /// The target's cgroup directory with the cpu controller.
@@ -181,6 +181,35 @@ pub fn cpu_cgroup(pid: u32) -> Option<CpuCgroup> {
         limits,
         throttling,
     })
+}
+
+/// The target cgroup's throttling counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupSample {
+    pub t_ns: u64,
+    #[serde(flatten)]
+    pub throttling: Throttling,
+}
+
+/// Reads the target cgroup's `cpu.stat` on demand: the throttling series of a recording.
+pub struct ThrottleProbe {
+    stat: PathBuf,
+    pub cgroup: CpuCgroup,
+}
+
+impl ThrottleProbe {
+    pub fn new(pid: u32) -> Option<Self> {
+        let cgroup = cpu_cgroup(pid)?;
+        let stat = cgroup.path.join("cpu.stat");
+        stat.exists().then_some(Self { stat, cgroup })
+    }
+
+    pub fn sample(&self, t_ns: u64) -> Option<CgroupSample> {
+        Some(CgroupSample {
+            t_ns,
+            throttling: parse_cpu_stat(&read(&self.stat)?),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,8 @@ pub struct GpuSampler {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<GpuRecording>>,
     pub capability: Capability,
+    /// Each poll as it is made, for the trace file.
+    pub polls: mpsc::Receiver<GpuPoll>,
 }
 
 impl GpuSampler {
@@ -88,10 +90,11 @@ impl GpuSampler {
     pub fn start(target_pid: u32, opts: GpuOptions) -> Result<Self, Capability> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
+        let (poll_tx, poll_rx) = mpsc::channel();
         let flag = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("tracer-nvml".into())
-            .spawn(move || sampler_thread(target_pid, opts, flag, ready_tx))
+            .spawn(move || sampler_thread(target_pid, opts, flag, ready_tx, poll_tx))
             .map_err(|e| Capability {
                 available: false,
                 reason: format!("could not start the NVML sampler thread: {e}"),
@@ -104,6 +107,7 @@ impl GpuSampler {
                     available: true,
                     reason,
                 },
+                polls: poll_rx,
             }),
             other => {
                 let reason = match other {
@@ -402,6 +406,7 @@ fn sampler_thread(
     opts: GpuOptions,
     stop: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<String, String>>,
+    stream: mpsc::Sender<GpuPoll>,
 ) -> GpuRecording {
     let cpu0 = thread_cpu_ns();
     let nvml = match host::nvml() {
@@ -470,7 +475,9 @@ fn sampler_thread(
             pcie: due(&mut last_pcie, PCIE_EVERY, now),
         };
         for st in states.iter_mut() {
-            polls.push(poll(&nvml, st, target_pid, extras, &mut costs));
+            let p = poll(&nvml, st, target_pid, extras, &mut costs);
+            let _ = stream.send(p.clone());
+            polls.push(p);
         }
         std::thread::sleep(opts.interval);
     }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     ebpf::layout,
@@ -12,7 +12,7 @@ use super::{
 
 /// The capabilities a recording relied on, with the reason for each one missing. A missing
 /// capability makes its signal "not assessed", never "absent".
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Capabilities {
     pub pmu: PmuCapability,
     pub btf: Capability,
@@ -22,7 +22,7 @@ pub struct Capabilities {
 
 /// The GPU side: NVML sampling (`available`, `reason`), and beneath it GPM and the CUDA
 /// uprobes, each of which can be missing on its own.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct GpuCapability {
     pub available: bool,
     pub reason: String,
@@ -187,6 +187,33 @@ pub fn gpu() -> GpuReport {
         capability,
         driver_version,
         gpus,
+    }
+}
+
+/// The machine, as recorded in every trace.
+pub fn host_meta(cpus: &[u32]) -> crate::recording::HostMeta {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    crate::recording::HostMeta {
+        hostname: read("/proc/sys/kernel/hostname"),
+        kernel: read("/proc/sys/kernel/osrelease"),
+        clocksource: read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        cpu_model,
+        cpus_online: cpus.to_vec(),
+        topology: super::topology::read(cpus),
+        argv: std::env::args().collect(),
     }
 }
 

@@ -8,3 +8,4 @@ pub mod host;
 pub mod perf;
 pub mod privileges;
 pub mod process;
+pub mod topology;

@@ -10,7 +10,7 @@ use perf_event::{
     Builder, Counter,
     events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Software},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::PerfSlot;
 
 /// Which counters to open.
@@ -119,19 +119,19 @@ pub fn explain(slot: PerfSlot, err: &io::Error) -> String {
 }
 
 /// Whether a capability is there, and if not, why.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Capability {
     pub available: bool,
     pub reason: String,
 }
 
 /// The PMU capability, with which events opened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PmuCapability {
     pub available: bool,
     pub reason: String,
     /// Per hardware event: opened or not.
-    pub events: std::collections::BTreeMap<&'static str, bool>,
+    pub events: std::collections::BTreeMap<String, bool>,
     /// The last-level-cache events opened: cache thrash can be assessed.
     pub llc_available: bool,
 }
@@ -200,9 +200,9 @@ fn pmu_capability(
     mask: u32,
     errors: &[(PerfSlot, String)],
 ) -> PmuCapability {
-    let events: std::collections::BTreeMap<&'static str, bool> = HARDWARE
+    let events: std::collections::BTreeMap<String, bool> = HARDWARE
         .iter()
-        .map(|&s| (slot_name(s), mask & (1 << s as u32) != 0))
+        .map(|&s| (slot_name(s).to_string(), mask & (1 << s as u32) != 0))
         .collect();
     let llc_available = events["llc_references"] && events["llc_misses"];
     let any = events.values().any(|&v| v);

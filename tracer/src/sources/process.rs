@@ -20,7 +20,7 @@ pub struct Target {
 }
 
 /// What /proc says of one thread when the recording starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ThreadInfo {
     pub tid: u32,
     pub comm: String,

@@ -9,7 +9,7 @@ pub mod layout;
 mod read;
 mod ring;
 
-pub use ring::{Record, decode};
+pub use ring::{Record, decode, encode, split};
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -23,7 +23,7 @@ use aya::{
     maps::{HashMap, Map, MapData, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 use tracer_common::{Config, CudaThread, ThreadCounters, ThreadStats};
 
@@ -42,7 +42,7 @@ pub enum ProbeChoice {
 }
 
 /// The family actually attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeMode {
     TpBtf,
@@ -79,7 +79,9 @@ enum Link {
 }
 
 /// What the kernel side could not record.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Losses {
     /// Timeline events lost to a full ring buffer (in-kernel totals stay exact).
     pub ringbuf_dropped: u64,

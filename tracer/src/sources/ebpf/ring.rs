@@ -19,6 +19,29 @@ fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
+/// The bytes of a record, as the ring buffer carried them (for the trace file).
+pub fn encode(rec: &Record) -> &[u8] {
+    fn bytes<T>(v: &T) -> &[u8] {
+        // SAFETY: T is a repr(C) struct of plain integers with explicit padding: every byte
+        // is initialized and may be read as u8.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+    }
+    match rec {
+        Record::Event(e) => bytes(e),
+        Record::Counters(c) => bytes(c),
+    }
+}
+
+/// Splits records written back to back (a trace file's timeline) and decodes each; stops at
+/// the first that does not decode.
+pub fn split(mut bytes: &[u8]) -> impl Iterator<Item = Record> + '_ {
+    std::iter::from_fn(move || {
+        let rec = decode(bytes)?;
+        bytes = &bytes[encode(&rec).len()..];
+        Some(rec)
+    })
+}
+
 /// Decodes one ring buffer record by its kind (at the same offset in both record types),
 /// refusing anything of the wrong size or an unknown kind.
 pub fn decode(bytes: &[u8]) -> Option<Record> {
@@ -66,6 +89,12 @@ mod tests {
         assert_eq!(decode(&b), Some(Record::Counters(slice)));
         // A counter record cut to the size of an event is not misread as an event.
         assert_eq!(decode(&b[..32]), None);
+        // Records back to back split and decode in order.
+        let mut both = bytes_of(&ev);
+        both.extend(bytes_of(&slice));
+        let recs: Vec<Record> = split(&both).collect();
+        assert_eq!(recs, vec![Record::Event(ev), Record::Counters(slice)]);
+        assert_eq!(encode(&recs[1]), &both[32..]);
         // Unknown kinds are refused.
         let mut bad = bytes_of(&ev);
         bad[12] = 99;

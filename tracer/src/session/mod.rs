@@ -1,9 +1,10 @@
-//! One recording session: attach the sources to a target, stream their events until the window
-//! ends (duration, Ctrl-C / SIGTERM, or the target's exit), detach, and assemble the recording.
+//! One recording session: attach the sources to a target, stream their events (to a trace file
+//! too, when asked) until the window ends (duration, Ctrl-C / SIGTERM, or the target's exit),
+//! detach, and assemble the recording.
 
 use std::{
-    collections::BTreeMap,
     os::fd::{FromRawFd as _, OwnedFd},
+    path::PathBuf,
     time::Duration,
 };
 
@@ -13,23 +14,20 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::EventKind;
+mod assemble;
 
 use crate::{
-    recording::{
-        CudaSpan, CudaTotals, EndReason, MigrationRoute, PreemptorRecord, Recording, TargetMeta,
-        ThreadInputs, WaitSamples, assemble_threads, comm_string,
-        counters::{CounterBins, CounterTotals},
-        gpu::GpuRecording,
-    },
+    recording::{CgroupRecording, EndReason, Recording, TargetMeta, collect::Collector},
     sources::{
-        ebpf::{ProbeOptions, Reaped, Record, SchedProbes, layout},
+        cgroup::ThrottleProbe,
+        ebpf::{ProbeOptions, Reaped, SchedProbes, encode},
         gpu::{GpuOptions, GpuSampler},
-        host::{self, Capabilities, GpuCapability},
+        host,
         perf::{Capability, CounterChoice, PerfSet, slot_name},
         privileges,
-        process::{Target, comm_of, monotonic_ns},
+        process::{Target, monotonic_ns},
     },
+    trace::{TraceMeta, writer::TraceWriter},
 };
 
 pub struct SessionOptions {
@@ -46,6 +44,10 @@ pub struct SessionOptions {
     pub progress: bool,
     /// Print the "recording ..." notice on stderr.
     pub notices: bool,
+    /// Write the recording to this trace file as it goes.
+    pub output: Option<PathBuf>,
+    /// Keep every timeline record in memory (for Perfetto and HTML outputs).
+    pub keep_timeline: bool,
 }
 
 pub struct GpuSettings {
@@ -91,50 +93,6 @@ fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
     bar
 }
 
-/// What the session accumulates from the ring buffer and the reaped threads while recording.
-struct Collector {
-    samples: BTreeMap<u32, WaitSamples>,
-    bins: CounterBins,
-    finished: Reaped,
-    cuda_syncs: Vec<CudaSpan>,
-    cuda_launches: BTreeMap<u32, BTreeMap<u64, u64>>,
-    records: u64,
-}
-
-impl Collector {
-    fn on_record(&mut self, rec: Record) {
-        self.records += 1;
-        match rec {
-            Record::Event(ev) => match EventKind::try_from(ev.kind) {
-                Ok(EventKind::SwitchIn) if ev.value > 0 => {
-                    self.samples.entry(ev.tid).or_default().record(ev.value);
-                }
-                Ok(EventKind::CudaSync) => self.cuda_syncs.push(CudaSpan {
-                    tid: ev.tid,
-                    start_ns: ev.ts_ns.saturating_sub(ev.value),
-                    end_ns: ev.ts_ns,
-                    function: ev.aux,
-                }),
-                Ok(EventKind::CudaLaunch) => {
-                    let bin = ev.ts_ns.saturating_sub(self.bins.start_ns) / self.bins.bin_ns;
-                    *self
-                        .cuda_launches
-                        .entry(ev.tid)
-                        .or_default()
-                        .entry(bin)
-                        .or_default() += 1;
-                }
-                _ => {}
-            },
-            Record::Counters(slice) => self.bins.add(&slice),
-        }
-    }
-
-    fn drain(&mut self, probes: &mut SchedProbes) {
-        probes.drain(|r| self.on_record(r));
-    }
-}
-
 /// Records `target`. `attached` runs once every probe is attached (`tracer run` releases its
 /// child there).
 pub async fn record(
@@ -143,6 +101,12 @@ pub async fn record(
     attached: impl FnOnce() -> Result<()>,
 ) -> Result<Recording> {
     privileges::check()?;
+    // Open the output first: a path that cannot be written fails before anything is traced.
+    let mut writer = opts
+        .output
+        .as_deref()
+        .map(TraceWriter::create)
+        .transpose()?;
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     let perf = PerfSet::open(opts.counters, &cpus);
     let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf)?;
@@ -159,9 +123,11 @@ pub async fn record(
             reason: "GPU sampling turned off (--no-gpu)".into(),
         }),
     };
+    let throttle = ThrottleProbe::new(target.pid);
     let exit_fd = pidfd(target.pid);
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let host = host::host_meta(&cpus);
 
     // The CUDA probes first: attaching them takes a while with a large libcuda, and they
     // only account CUDA calls, which the window's edges do not cut.
@@ -170,22 +136,33 @@ pub async fn record(
     probes.attach(|| target.threads().into_keys().collect())?;
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
+    let bin_ns = opts.bin.as_nanos() as u64;
+    if let Some(w) = writer.as_mut() {
+        w.meta(&TraceMeta {
+            tracer_version: env!("CARGO_PKG_VERSION").into(),
+            target: target_meta(target),
+            host: host.clone(),
+            probe_mode: probes.mode(),
+            start_ns: start,
+            bin_ns,
+            counter_mask: probes.counter_mask,
+            threads: initial.clone(),
+        });
+    }
     if opts.notices {
         notices(target, opts, &probes, &perf, &sampler, initial.len());
+        if let Some(w) = &writer {
+            eprintln!("tracer: writing {}", w.temp().display());
+        }
     }
     attached()?;
 
     let bar = progress_bar(opts, target.pid);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(TICK);
-    let mut col = Collector {
-        samples: BTreeMap::new(),
-        bins: CounterBins::new(start, opts.bin.as_nanos() as u64),
-        finished: Reaped::default(),
-        cuda_syncs: Vec::new(),
-        cuda_launches: BTreeMap::new(),
-        records: 0,
-    };
+    let mut col = Collector::new(start, bin_ns, opts.keep_timeline);
+    let mut finished = Reaped::default();
+    let mut throttling = Vec::new();
     let mut target_exited_ns = None;
     let end_reason = loop {
         let sleep = async {
@@ -205,18 +182,25 @@ pub async fn record(
                 let mut guard = guard.context("waiting on the ring buffer")?;
                 guard.clear_ready();
                 drop(guard);
-                col.drain(&mut probes);
+                drain(&mut probes, &mut col, &mut writer);
             }
             _ = tick.tick() => {
-                col.drain(&mut probes);
-                col.finished.extend(probes.reap_dead()?);
-                if let Some(d) = opts.duration {
-                    bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
-                } else {
-                    bar.tick();
+                drain(&mut probes, &mut col, &mut writer);
+                finished.extend(probes.reap_dead()?);
+                if let Some(s) = throttle.as_ref().and_then(|t| t.sample(monotonic_ns())) {
+                    throttling.push(s);
+                    if let Some(w) = writer.as_mut() {
+                        w.cgroup(s);
+                    }
                 }
-                let dropped = probes.losses().map(|l| l.ringbuf_dropped).unwrap_or(0);
-                bar.set_message(format!("{} events, {dropped} dropped", col.records));
+                if let (Ok(g), Some(w)) = (&sampler, writer.as_mut()) {
+                    let polls: Vec<_> = g.polls.try_iter().collect();
+                    w.gpu_polls(&polls);
+                }
+                if let Some(w) = writer.as_mut() {
+                    w.maybe_flush();
+                }
+                progress(&bar, opts, col.records, &probes);
             }
             _ = sleep => break EndReason::Duration,
             _ = interrupt.recv() => break EndReason::Interrupted,
@@ -234,8 +218,10 @@ pub async fn record(
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_cuda();
-    col.drain(&mut probes);
-    col.cuda_syncs.retain(|s| s.end_ns <= end);
+    drain(&mut probes, &mut col, &mut writer);
+    if let Some(s) = throttle.as_ref().and_then(|t| t.sample(end)) {
+        throttling.push(s);
+    }
     drop(perf);
     let (gpu, gpu_capability) = match sampler {
         Ok(s) => {
@@ -244,141 +230,58 @@ pub async fn record(
         }
         Err(cap) => (None, cap),
     };
-    let ended = Ended {
+    let ended = assemble::Ended {
         start,
         end,
         end_reason,
         target_exited_ns,
         initial,
         cuda_at_end,
-    };
-    collect(target, opts, &mut probes, col, ended, gpu, gpu_capability)
-}
-
-/// How the window went.
-struct Ended {
-    start: u64,
-    end: u64,
-    end_reason: EndReason,
-    target_exited_ns: Option<u64>,
-    initial: BTreeMap<u32, crate::sources::process::ThreadInfo>,
-    cuda_at_end: Vec<(u32, tracer_common::CudaThread)>,
-}
-
-/// Reads what the kernel side kept and assembles the recording.
-#[allow(clippy::too_many_arguments)]
-fn collect(
-    target: &Target,
-    opts: &SessionOptions,
-    probes: &mut SchedProbes,
-    mut col: Collector,
-    w: Ended,
-    gpu: Option<GpuRecording>,
-    gpu_capability: Capability,
-) -> Result<Recording> {
-    let losses = probes.losses()?;
-    let mut kernel = probes.threads()?;
-    kernel.append(&mut col.finished.stats);
-    let counters: BTreeMap<u32, CounterTotals> = probes
-        .thread_counters()?
-        .iter()
-        .chain(col.finished.counters.iter())
-        .map(|(tid, c)| (*tid, CounterTotals::from(c)))
-        .collect();
-    let cuda: BTreeMap<u32, CudaTotals> = w
-        .cuda_at_end
-        .iter()
-        .chain(col.finished.cuda.iter())
-        .map(|(tid, c)| (*tid, CudaTotals::from(c)))
-        .collect();
-    let preemptors = probes
-        .preemptors()?
-        .into_iter()
-        .map(|p| PreemptorRecord {
-            pid: p.pid,
-            tgid: p.tgid,
-            comm: comm_string(&p.comm),
-            process_comm: comm_of(p.tgid),
-            wait_ns: p.wait_ns,
-            slices: p.slices,
-        })
-        .collect();
-    let migration_routes = probes
-        .migrations()?
-        .into_iter()
-        .map(|(k, count)| MigrationRoute {
-            tid: k.tid,
-            from_cpu: k.from_cpu,
-            to_cpu: k.to_cpu,
-            count,
-        })
-        .collect();
-    let inputs = ThreadInputs {
-        kernel,
-        initial: w.initial,
-        final_names: target.threads(),
-        samples: std::mem::take(&mut col.samples),
-        counters,
-        cuda,
-    };
-    let threads = assemble_threads(inputs, w.start, w.end);
-    let btf_path = opts
-        .probes
-        .btf_path
-        .clone()
-        .unwrap_or_else(|| layout::VMLINUX_BTF.into());
-    Ok(Recording {
-        tracer_version: env!("CARGO_PKG_VERSION"),
-        target: TargetMeta {
-            pid: target.pid,
-            comm: target.comm.clone(),
-            cmdline: target.cmdline.clone(),
-        },
-        probe_mode: probes.mode(),
-        probe_fallback_reason: probes.fallback_reason.clone(),
-        start_ns: w.start,
-        end_ns: w.end,
-        end_reason: w.end_reason,
-        target_exited_ns: w.target_exited_ns,
-        threads,
-        preemptors,
-        migration_routes,
-        losses,
-        events_received: col.records,
-        capabilities: Capabilities {
-            pmu: probes.pmu.clone(),
-            btf: host::btf(&btf_path),
-            tracefs: host::tracefs(),
-            gpu: GpuCapability::from_parts(
-                gpu_capability,
-                gpm_capability(gpu.as_ref()),
-                probes.cuda.clone(),
-            ),
-        },
-        counter_mask: probes.counter_mask,
-        counter_bins: col.bins,
+        finished,
         gpu,
-        cuda_syncs: col.cuda_syncs,
-        cuda_launch_bins: col.cuda_launches,
-    })
+        gpu_capability,
+        cgroup: throttle.map(|t| CgroupRecording {
+            cgroup: t.cgroup,
+            samples: throttling,
+        }),
+        host,
+    };
+    let rec = assemble::recording(target, opts, &mut probes, col, ended)?;
+    if let Some(w) = writer {
+        let path = w.finish(&rec)?;
+        if opts.notices {
+            eprintln!("tracer: trace written to {}", path.display());
+        }
+    }
+    Ok(rec)
 }
 
-fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
-    match gpu {
-        None => Capability {
-            available: false,
-            reason: "no GPU sampled".into(),
-        },
-        Some(g) if g.gpm => Capability {
-            available: true,
-            reason: "GPM metrics sampled".into(),
-        },
-        Some(_) => Capability {
-            available: false,
-            reason: "GPM unsupported on the sampled GPUs (it needs Hopper or later): SM \
-                     activity, occupancy, tensor and DRAM metrics are not assessed"
-                .into(),
-        },
+/// Takes every record in the ring buffer to the collector and, when writing a trace, to the
+/// file.
+fn drain(probes: &mut SchedProbes, col: &mut Collector, writer: &mut Option<TraceWriter>) {
+    probes.drain(|r| {
+        if let Some(w) = writer.as_mut() {
+            w.record(encode(&r));
+        }
+        col.on_record(r);
+    });
+}
+
+fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &SchedProbes) {
+    if let Some(d) = opts.duration {
+        bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
+    } else {
+        bar.tick();
+    }
+    let dropped = probes.losses().map(|l| l.ringbuf_dropped).unwrap_or(0);
+    bar.set_message(format!("{records} events, {dropped} dropped"));
+}
+
+pub fn target_meta(target: &Target) -> TargetMeta {
+    TargetMeta {
+        pid: target.pid,
+        comm: target.comm.clone(),
+        cmdline: target.cmdline.clone(),
     }
 }
 

@@ -1,0 +1,241 @@
+//! The timeline: each thread's states as intervals, rebuilt from the recorded transitions with
+//! the same rules the kernel side applies (tracer-ebpf `sched.rs`). Drawn by the Perfetto and
+//! HTML outputs, and the source of the totals when a trace file lost its final frame.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tracer_common::{Event, EventKind};
+
+use crate::recording::CudaSpan;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Running,
+    /// Waiting in a run queue.
+    Runnable,
+    Blocked,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Runnable => "runnable (waiting for a CPU)",
+            Self::Blocked => "blocked",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Interval {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub state: State,
+    /// The CPU it ran on (running), or whose run queue it waited in when known.
+    pub cpu: Option<u32>,
+}
+
+/// One thread over the window.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadTimeline {
+    pub tid: u32,
+    pub intervals: Vec<Interval>,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub migrations: u64,
+    pub wakeups: u64,
+    /// Complete run-queue waits (ns), with the CPU that ended each.
+    pub waits: Vec<(u64, u32)>,
+    pub created_ns: Option<u64>,
+    pub exited_ns: Option<u64>,
+    pub parent_tid: Option<u32>,
+    state: Option<State>,
+    since: u64,
+    cpu: Option<u32>,
+    dead: bool,
+}
+
+impl ThreadTimeline {
+    fn close(&mut self, until: u64) {
+        if let Some(state) = self.state
+            && until > self.since
+        {
+            self.intervals.push(Interval {
+                start_ns: self.since,
+                end_ns: until,
+                state,
+                cpu: self.cpu,
+            });
+        }
+    }
+
+    /// Moves to `state` at `ts`. Without a known state yet, `before` is what the event implies
+    /// the thread was doing since the window's start.
+    fn go(&mut self, ts: u64, state: State, before: State, window_start: u64) {
+        if self.state.is_none() && self.created_ns.is_none() {
+            self.state = Some(before);
+            self.since = window_start;
+        }
+        self.close(ts);
+        self.state = Some(state);
+        self.since = ts;
+    }
+}
+
+/// Rebuilds every thread's intervals over `[start, end]` from the events, in arrival order.
+pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTimeline> {
+    let mut threads: BTreeMap<u32, ThreadTimeline> = BTreeMap::new();
+    for ev in events {
+        let Ok(kind) = EventKind::try_from(ev.kind) else {
+            continue;
+        };
+        let t = threads.entry(ev.tid).or_insert_with(|| ThreadTimeline {
+            tid: ev.tid,
+            ..Default::default()
+        });
+        if t.dead {
+            continue;
+        }
+        let ts = ev.ts_ns.clamp(start, end.max(start));
+        match kind {
+            EventKind::SwitchIn => {
+                if t.state == Some(State::Runnable) && ev.value > 0 {
+                    t.waits.push((ev.value, ev.cpu));
+                }
+                t.cpu = Some(ev.cpu);
+                t.go(ts, State::Running, State::Runnable, start);
+            }
+            EventKind::SwitchOut => {
+                t.cpu = Some(ev.cpu);
+                if ev.aux == 1 {
+                    t.involuntary_switches += 1;
+                    t.go(ts, State::Runnable, State::Running, start);
+                } else {
+                    t.voluntary_switches += 1;
+                    t.go(ts, State::Blocked, State::Running, start);
+                    if t.exited_ns.is_some() {
+                        t.close(ts);
+                        t.state = None;
+                        t.dead = true;
+                    }
+                }
+            }
+            EventKind::Wakeup | EventKind::WakeupNew => {
+                if !matches!(t.state, Some(State::Running | State::Runnable)) {
+                    t.wakeups += 1;
+                    t.cpu = Some(ev.cpu);
+                    t.go(ts, State::Runnable, State::Blocked, start);
+                }
+            }
+            EventKind::Migrate => {
+                t.migrations += 1;
+                t.cpu = Some(ev.cpu);
+            }
+            EventKind::ThreadNew => {
+                t.created_ns = Some(ev.ts_ns);
+                t.parent_tid = Some(ev.aux);
+                t.state = Some(State::Blocked);
+                t.since = ts;
+            }
+            EventKind::ThreadExit => t.exited_ns = Some(ev.ts_ns),
+            EventKind::CounterSlice | EventKind::CudaLaunch | EventKind::CudaSync => {}
+        }
+    }
+    for t in threads.values_mut() {
+        if !t.dead {
+            t.close(end);
+        }
+    }
+    threads
+}
+
+impl ThreadTimeline {
+    pub fn total(&self, state: State) -> u64 {
+        self.intervals
+            .iter()
+            .filter(|i| i.state == state)
+            .map(|i| i.end_ns - i.start_ns)
+            .sum()
+    }
+}
+
+/// CUDA synchronizing calls of one thread.
+pub fn cuda_spans(spans: &[CudaSpan], tid: u32) -> impl Iterator<Item = &CudaSpan> {
+    spans.iter().filter(move |s| s.tid == tid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ts: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) -> Event {
+        Event {
+            ts_ns: ts,
+            tid,
+            kind: kind as u32,
+            cpu,
+            aux,
+            value,
+        }
+    }
+
+    #[test]
+    fn intervals_follow_the_transitions_and_close_at_the_edges() {
+        use EventKind::*;
+        let events = vec![
+            // Blocked since before the window, woken at 100, runs 110-200, preempted,
+            // runs again 260-300, blocks.
+            ev(100, 7, Wakeup, 1, 0, 0),
+            ev(110, 7, SwitchIn, 1, 0, 10),
+            ev(200, 7, SwitchOut, 1, 1, 90),
+            ev(260, 7, SwitchIn, 0, 0, 60),
+            ev(270, 7, Migrate, 0, 1, 0),
+            ev(300, 7, SwitchOut, 0, 0, 40),
+        ];
+        let t = &build(&events, 0, 1000)[&7];
+        let states: Vec<(u64, u64, State)> = t
+            .intervals
+            .iter()
+            .map(|i| (i.start_ns, i.end_ns, i.state))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (0, 100, State::Blocked),
+                (100, 110, State::Runnable),
+                (110, 200, State::Running),
+                (200, 260, State::Runnable),
+                (260, 300, State::Running),
+                (300, 1000, State::Blocked),
+            ]
+        );
+        assert_eq!((t.voluntary_switches, t.involuntary_switches), (1, 1));
+        assert_eq!((t.migrations, t.wakeups), (1, 1));
+        assert_eq!(t.waits, vec![(10, 1), (60, 0)]);
+        assert_eq!(
+            t.total(State::Running) + t.total(State::Runnable) + t.total(State::Blocked),
+            1000
+        );
+    }
+
+    #[test]
+    fn a_thread_born_and_dead_in_the_window_covers_its_life_only() {
+        use EventKind::*;
+        let events = vec![
+            ev(100, 9, ThreadNew, 0, 7, 0),
+            ev(120, 9, WakeupNew, 0, 7, 0),
+            ev(130, 9, SwitchIn, 0, 7, 10),
+            ev(180, 9, ThreadExit, 0, 0, 0),
+            ev(190, 9, SwitchOut, 0, 0, 60),
+        ];
+        let t = &build(&events, 0, 1000)[&9];
+        assert_eq!(t.created_ns, Some(100));
+        assert_eq!(t.exited_ns, Some(180));
+        let span: u64 = t.intervals.iter().map(|i| i.end_ns - i.start_ns).sum();
+        assert_eq!(span, 90);
+        assert_eq!(t.intervals.first().unwrap().start_ns, 100);
+        assert_eq!(t.intervals.last().unwrap().end_ns, 190);
+    }
+}

@@ -1,0 +1,44 @@
+//! `tracer report FILE`: read a trace file back and print its summary, as `attach` did.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use super::{OutputArgs, print_recording};
+use crate::trace::{reader, recover};
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A trace file written by `tracer attach --output` or `tracer run --output` (a partial
+    /// `.tmp` left by an interrupted recording reads too).
+    pub file: PathBuf,
+    /// Print one JSON document on stdout instead of the text summary (the same document the
+    /// recording printed with --json).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+}
+
+pub fn run(args: ReportArgs) -> Result<()> {
+    let contents = reader::read(&args.file)?;
+    let damage = contents.damage.clone();
+    let complete = contents.complete && contents.final_recording.is_some();
+    let rec = recover::into_recording(contents, args.outputs.need_timeline());
+    print_recording(&rec, args.json, &args.outputs)?;
+    if let Some(d) = damage {
+        bail!(
+            "{}: {d}; the summary above covers what could be recovered",
+            args.file.display()
+        );
+    }
+    if !complete {
+        bail!(
+            "{} was not finished (the tracer stopped before writing its end); the summary \
+             above is rebuilt from the timeline it holds",
+            args.file.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! The trace file: a recording written as it is made, and read back by `tracer report`.
+//! `format.rs` is the byte layout; `writer.rs` writes incrementally to a temporary file and
+//! renames it when done; `reader.rs` reads a file back, recovering what it can from a damaged
+//! one.
+
+pub mod format;
+pub mod reader;
+pub mod recover;
+pub mod writer;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    recording::{HostMeta, TargetMeta},
+    sources::ebpf::ProbeMode,
+};
+
+/// What a trace file says of itself first, so that even a file cut short after it can be
+/// placed and partly read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceMeta {
+    pub tracer_version: String,
+    pub target: TargetMeta,
+    pub host: HostMeta,
+    pub probe_mode: ProbeMode,
+    /// Window start, CLOCK_MONOTONIC.
+    pub start_ns: u64,
+    /// Width of the counter bins.
+    pub bin_ns: u64,
+    /// Perf counter slots measured (`PerfSlot` bits).
+    pub counter_mask: u32,
+    /// The target's threads when the recording started.
+    pub threads: std::collections::BTreeMap<u32, crate::sources::process::ThreadInfo>,
+}

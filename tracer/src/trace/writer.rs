@@ -1,0 +1,239 @@
+//! Writing a trace file as the recording goes: the timeline about once a second (a crash loses
+//! at most the last second), into `PATH.tmp` created 0600 and never through a symbolic link;
+//! renamed to `PATH` only once complete, so `PATH` is never half-written.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{BufWriter, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use super::{
+    TraceMeta,
+    format::{FrameKind, write_frame, write_header},
+};
+use crate::{
+    recording::{Recording, gpu::GpuPoll},
+    sources::cgroup::CgroupSample,
+};
+
+/// How often buffered timeline records are written out.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Or sooner, when this much is buffered.
+const FLUSH_BYTES: usize = 4 << 20;
+
+pub struct TraceWriter {
+    /// None once finished.
+    out: Option<BufWriter<File>>,
+    tmp: PathBuf,
+    path: PathBuf,
+    records: Vec<u8>,
+    gpu: Vec<GpuPoll>,
+    cgroup: Vec<CgroupSample>,
+    last_flush: Instant,
+    /// The first write error: later writes are skipped, `finish` reports it.
+    failed: Option<String>,
+}
+
+/// `PATH.tmp`, beside `PATH`.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+fn cbor<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    ciborium::into_writer(v, &mut out).expect("in-memory CBOR encoding cannot fail");
+    out
+}
+
+impl TraceWriter {
+    /// Creates `PATH.tmp` for writing. Fails, saying what to do, if `PATH` is a directory or a
+    /// symbolic link, if a `PATH.tmp` is left from an interrupted recording, or if the
+    /// directory is not writable.
+    pub fn create(path: &Path) -> Result<Self> {
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if m.file_type().is_symlink() {
+                bail!(
+                    "{} is a symbolic link; the tracer does not write through links: give the \
+                     real path",
+                    path.display()
+                );
+            }
+            if m.is_dir() {
+                bail!("{} is a directory: give a file name", path.display());
+            }
+        }
+        let tmp = temp_path(path);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => anyhow!(
+                    "{} exists, left by an interrupted recording: read what it holds with \
+                     `tracer report {}`, then remove it",
+                    tmp.display(),
+                    tmp.display()
+                ),
+                _ => anyhow!(
+                    "cannot write the trace file {}: {e} (check that the directory exists and \
+                     is writable)",
+                    tmp.display()
+                ),
+            })?;
+        let mut out = BufWriter::new(file);
+        write_header(&mut out).with_context(|| format!("writing {}", tmp.display()))?;
+        Ok(Self {
+            out: Some(out),
+            tmp,
+            path: path.to_path_buf(),
+            records: Vec::new(),
+            gpu: Vec::new(),
+            cgroup: Vec::new(),
+            last_flush: Instant::now(),
+            failed: None,
+        })
+    }
+
+    fn frame(&mut self, kind: FrameKind, payload: &[u8], zstd: bool) {
+        let Some(out) = self.out.as_mut().filter(|_| self.failed.is_none()) else {
+            return;
+        };
+        if let Err(e) = write_frame(out, kind, payload, zstd) {
+            self.failed = Some(e.to_string());
+        }
+    }
+
+    pub fn meta(&mut self, meta: &TraceMeta) {
+        self.frame(FrameKind::Meta, &cbor(meta), false);
+    }
+
+    /// Buffers one raw ring-buffer record.
+    pub fn record(&mut self, bytes: &[u8]) {
+        self.records.extend_from_slice(bytes);
+    }
+
+    pub fn gpu_polls(&mut self, polls: &[GpuPoll]) {
+        self.gpu.extend_from_slice(polls);
+    }
+
+    pub fn cgroup(&mut self, s: CgroupSample) {
+        self.cgroup.push(s);
+    }
+
+    /// Writes out what is buffered if a second has passed or the buffer is large.
+    pub fn maybe_flush(&mut self) {
+        if self.last_flush.elapsed() >= FLUSH_EVERY || self.records.len() >= FLUSH_BYTES {
+            self.flush();
+        }
+    }
+
+    /// Writes out everything buffered and hands it to the kernel: a crash of the tracer after
+    /// this loses nothing of it.
+    pub fn flush(&mut self) {
+        if !self.records.is_empty() {
+            let records = std::mem::take(&mut self.records);
+            self.frame(FrameKind::Records, &records, true);
+        }
+        if !self.gpu.is_empty() {
+            let gpu = cbor(&std::mem::take(&mut self.gpu));
+            self.frame(FrameKind::Gpu, &gpu, true);
+        }
+        if !self.cgroup.is_empty() {
+            let c = cbor(&std::mem::take(&mut self.cgroup));
+            self.frame(FrameKind::Cgroup, &c, false);
+        }
+        if self.failed.is_none()
+            && let Some(out) = self.out.as_mut()
+            && let Err(e) = out.flush()
+        {
+            self.failed = Some(e.to_string());
+        }
+        self.last_flush = Instant::now();
+    }
+
+    /// Writes the final frames, syncs, and renames `PATH.tmp` to `PATH`.
+    pub fn finish(mut self, rec: &Recording) -> Result<PathBuf> {
+        self.flush();
+        self.frame(FrameKind::Final, &cbor(rec), true);
+        self.frame(FrameKind::End, &[], false);
+        self.flush();
+        if let Some(e) = self.failed.take() {
+            bail!(
+                "writing the trace failed: {e}; what was written is in {} (`tracer report {}` \
+                 reads it)",
+                self.tmp.display(),
+                self.tmp.display()
+            );
+        }
+        let out = self.out.take().context("trace already finished")?;
+        let file = out.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+        file.sync_all()
+            .with_context(|| format!("syncing {}", self.tmp.display()))?;
+        std::fs::rename(&self.tmp, &self.path).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.path.display())
+        })?;
+        // The rename itself is durable once the directory is synced.
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Ok(d) = File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        Ok(self.path.clone())
+    }
+
+    /// The temporary file's path (where a partial trace stays if the tracer dies).
+    pub fn temp(&self) -> &Path {
+        &self.tmp
+    }
+}
+
+/// Writes `bytes` to `path` all at once: into a temporary file beside it (0600, never through
+/// a symbolic link), then renamed over `path`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.file_type().is_symlink() {
+            bail!(
+                "{} is a symbolic link; the tracer does not write through links",
+                path.display()
+            );
+        }
+        if m.is_dir() {
+            bail!("{} is a directory: give a file name", path.display());
+        }
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let result = (|| -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("cannot write {}: {e}", path.display());
+    }
+    Ok(())
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        // Not finished (an error path): keep what was recorded, complete frames only.
+        self.flush();
+    }
+}
