@@ -33,8 +33,13 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The tracer binary: `$TRACER_BIN` (`cargo xtask test` points it at the release build, the
+/// one users run, whose built-in workload is also steadier than a debug build's), else the one
+/// next to the test executables.
 pub fn tracer_bin() -> PathBuf {
-    let p = bin_dir().join("tracer");
+    let p = std::env::var_os("TRACER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bin_dir().join("tracer"));
     assert!(
         p.exists(),
         "{} is missing: build it first (`cargo build -p tracer`, or run the suite with `cargo xtask test`)",

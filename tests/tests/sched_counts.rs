@@ -142,9 +142,17 @@ fn json_carries_the_documented_fields_and_only_the_target() {
         );
     }
     for p in doc["preemptors"].as_array().unwrap() {
-        assert!(u(&p["pid"]) != 0, "the idle task is never a preemptor");
+        // The idle task appears only as itself: the CPU idled while a thread waited.
+        if u(&p["pid"]) == 0 {
+            assert_eq!(u(&p["tgid"]), 0, "{p}");
+        }
         for key in ["pid", "comm", "wait_ns"] {
             assert!(p.get(key).is_some(), "preemptor missing {key}: {p}");
+        }
+    }
+    for p in doc["preemptor_processes"].as_array().unwrap() {
+        if u(&p["tgid"]) == 0 {
+            assert_eq!(p["comm"], "idle", "{p}");
         }
     }
     assert_eq!(u(&doc["dropped_events"]), 0);

@@ -226,6 +226,11 @@ pub enum EventKind {
     /// The thread returned from a synchronizing CUDA call. `aux`: the `CudaFn`; `value`: how
     /// long it was inside (the call started at `ts_ns - value`).
     CudaSync = 10,
+    /// The target called its request-start marker function. `aux`: 1 if `value` holds the
+    /// request id (read from the argument named at load time), 0 if not; `cpu`: the CPU.
+    RequestStart = 11,
+    /// The target called its request-end marker function; fields as for `RequestStart`.
+    RequestEnd = 12,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -242,6 +247,8 @@ impl TryFrom<u32> for EventKind {
             8 => Self::CounterSlice,
             9 => Self::CudaLaunch,
             10 => Self::CudaSync,
+            11 => Self::RequestStart,
+            12 => Self::RequestEnd,
             other => return Err(other),
         })
     }
@@ -451,6 +458,13 @@ pub struct CudaThread {
     pub depth: u32,
 }
 
+/// `Config::request_id_arg` when the marker functions carry no request id.
+pub const NO_REQUEST_ID: u32 = u32::MAX;
+
+/// Attach cookies of the request marker uprobe.
+pub const REQUEST_START_COOKIE: u64 = 0;
+pub const REQUEST_END_COOKIE: u64 = 1;
+
 /// Load-time configuration of the eBPF programs (a `.rodata` global set by the loader, so the
 /// verifier sees constants).
 #[repr(C)]
@@ -462,7 +476,9 @@ pub struct Config {
     pub ring_wakeup_bytes: u32,
     /// Bit k set: perf counter slot k is open on every CPU (in that slot's per-CPU array).
     pub counter_mask: u32,
-    pub _pad: u32,
+    /// Which argument of the request marker functions holds the request id (0-5), or
+    /// `NO_REQUEST_ID` when they take none.
+    pub request_id_arg: u32,
     /// Offsets in `struct task_struct`, read from the running kernel's BTF (tp_btf programs).
     pub task_pid_off: u32,
     pub task_tgid_off: u32,
@@ -493,7 +509,7 @@ impl Config {
             target_tgid: 0,
             ring_wakeup_bytes: 0,
             counter_mask: 0,
-            _pad: 0,
+            request_id_arg: NO_REQUEST_ID,
             task_pid_off: 0,
             task_tgid_off: 0,
             task_comm_off: 0,
@@ -622,11 +638,11 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_reject_unknown() {
-        for k in 1..=10u32 {
+        for k in 1..=12u32 {
             assert_eq!(EventKind::try_from(k).map(|e| e as u32), Ok(k));
         }
         assert_eq!(EventKind::try_from(0), Err(0));
-        assert_eq!(EventKind::try_from(11), Err(11));
+        assert_eq!(EventKind::try_from(13), Err(13));
         for f in CudaFn::ALL {
             assert_eq!(CudaFn::try_from(f as u32), Ok(f));
         }

@@ -17,6 +17,8 @@ mod cuda;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod requests;
+#[cfg(target_arch = "bpf")]
 mod sched;
 #[cfg(target_arch = "bpf")]
 mod tp_btf;

@@ -153,9 +153,10 @@ fn charge(w: &mut CpuWait, now: u64, pid: u32, tgid: u32) {
     settle(w, now);
     let owed = w.pending_ns;
     w.pending_ns = 0;
-    // The idle task runs only in the gap between a wakeup and the switch: wakeup latency, no
-    // preemptor to name.
-    if owed == 0 || pid == 0 {
+    // The idle task (pid 0) is recorded too: a CPU idling while a target thread waits in its
+    // run queue means the thread could not run although the CPU was free (its cgroup was
+    // throttled), or the wakeup was slow.
+    if owed == 0 {
         return;
     }
     if let Some(p) = PREEMPTORS.get_ptr_mut(pid) {

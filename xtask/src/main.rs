@@ -1,9 +1,10 @@
-//! `cargo xtask`: set-up, build, demo, test and lint automation.
+//! `cargo xtask`: set-up, build, demo, scenarios, test and lint automation.
 //!
 //! Every command that needs the eBPF toolchain runs `setup` first, which installs only what is
 //! missing and says what it does, so `cargo xtask demo` and `cargo xtask test` work on a fresh
 //! Debian 12 machine.
 
+mod scenarios;
 mod setup;
 
 use std::{
@@ -43,6 +44,15 @@ enum Cmd {
     Lint,
     /// Regenerate docs/summary.schema.json from the summary's Rust types.
     Schema,
+    /// Run every `tracer demo` scenario and print expected vs verdict, and the accuracy.
+    Scenarios {
+        /// Runs of each scenario (interleaved).
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        /// Include the GPU scenarios (default: when nvidia-smi finds a GPU).
+        #[arg(long)]
+        gpu: Option<bool>,
+    },
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -84,14 +94,14 @@ fn render(cmd: &Command) -> String {
         .join(" ")
 }
 
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(workspace_root());
     c
 }
 
 /// A command run as root: directly when we are root, else through sudo.
-fn as_root(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub fn as_root(program: impl AsRef<std::ffi::OsStr>) -> Command {
     if is_root() {
         Command::new(program)
     } else {
@@ -113,10 +123,14 @@ fn demo(args: &[String]) -> Result<()> {
 
 fn test(args: &[String]) -> Result<()> {
     setup::ensure()?;
-    // The integration tests run the tracer binary and the test workload: build them first.
+    // The integration tests run the tracer binary and the test workload: build them first,
+    // the tracer in release (what users run; a debug build's built-in workload is too jittery
+    // for the quiet scenario).
     run(cargo().args(["build", "--bins"]))?;
+    run(cargo().args(["build", "--release", "-p", "tracer"]))?;
     let mut cmd = cargo();
     cmd.args(["test", "--no-fail-fast"]).args(args);
+    cmd.env("TRACER_BIN", workspace_root().join("target/release/tracer"));
     if !is_root() {
         eprintln!("xtask: the tests load BPF programs; running the test binaries through sudo");
         cmd.env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER", "sudo -E");
@@ -176,6 +190,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => test(&args),
         Cmd::Lint => lint(),
         Cmd::Schema => schema(),
+        Cmd::Scenarios { repeat, gpu } => scenarios::scenarios(repeat, gpu),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

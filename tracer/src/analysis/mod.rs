@@ -4,5 +4,10 @@ pub mod cgroup;
 pub mod counters;
 pub mod gpu;
 pub mod quantiles;
+pub mod requests;
 pub mod summary;
 pub mod timeline;
+pub mod verdict;
+
+#[cfg(test)]
+pub mod testutil;

@@ -7,9 +7,13 @@ use super::{
     counters::{self, CounterBin, CounterValues, ThreadCounterSummary},
     gpu::{self as gpu_analysis, GpuSummary},
     quantiles::{QuantileSource, wait_quantiles},
+    requests::RequestAnalysis,
+    verdict::{self, Verdict},
 };
 use crate::{
-    recording::{EndReason, MigrationRoute, Recording, ThreadRecord, WaitSamples},
+    recording::{
+        EndReason, MigrationRoute, Recording, ThreadRecord, WaitSamples, waits::WaitClasses,
+    },
     sources::{
         ebpf::{Losses, ProbeMode},
         host::Capabilities,
@@ -28,9 +32,16 @@ pub struct Summary {
     pub pid: u32,
     pub comm: String,
     pub cmdline: Vec<String>,
+    /// Which cause explains the jitter, with the evidence: what to act on.
+    pub verdict: Verdict,
+    /// The requests' latency and its decomposition, when requests were given.
+    pub requests: Option<RequestAnalysis>,
     pub duration_ns: u64,
+    /// Window edges on CLOCK_MONOTONIC, like every timestamp in this document.
     pub start_ns: u64,
     pub end_ns: u64,
+    /// Add to a CLOCK_MONOTONIC time to get CLOCK_REALTIME (wall-clock) nanoseconds.
+    pub realtime_minus_monotonic_ns: i64,
     pub end_reason: EndReason,
     pub target_exited_ns: Option<u64>,
     pub probe_mode: ProbeMode,
@@ -79,6 +90,9 @@ pub struct CudaSummary {
     pub sync_ns: u64,
     /// The largest share of a thread's time spent waiting for the GPU.
     pub max_thread_sync_share: f64,
+    /// The largest share of a thread's busy time (on a CPU, waiting for one, or in a
+    /// synchronizing call) spent waiting for the GPU.
+    pub max_thread_sync_busy_share: f64,
 }
 
 /// One thread's CUDA calls.
@@ -90,6 +104,9 @@ pub struct ThreadCuda {
     pub sync_max_ns: u64,
     /// Share of the thread's time in the window spent in synchronizing calls.
     pub sync_share: f64,
+    /// Share of its busy time (on-CPU + run-queue wait + synchronizing calls, which may overlap
+    /// on-CPU time when the call spins) spent in synchronizing calls.
+    pub sync_busy_share: f64,
 }
 
 /// Perf counters for the whole process, and over time.
@@ -129,6 +146,8 @@ pub struct Totals {
     pub migrations_same_llc: u64,
     pub migrations_cross_llc: u64,
     pub migrations_cross_numa: u64,
+    /// Run-queue waits by kind, all threads together.
+    pub wait_classes: WaitClasses,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -151,6 +170,8 @@ pub struct ThreadSummary {
     pub runq_wait_max_ns: u64,
     pub runq_wait_quantiles_from: QuantileSource,
     pub runq_wait_log2_hist: Vec<u32>,
+    /// Its run-queue waits by kind.
+    pub wait_classes: WaitClasses,
     /// Perf counters over the thread's slices (null when none were measured).
     pub counters: Option<ThreadCounterSummary>,
     /// The thread's counters per time bin, bins with activity only.
@@ -185,6 +206,10 @@ pub struct PreemptorProcess {
     pub same_process: bool,
 }
 
+/// The name given to the idle task as a preemptor: the CPU idled while a target thread waited
+/// in its run queue.
+pub const IDLE: &str = "idle";
+
 /// Adds preemptors up by process. The name is the process's own when known, else that of its
 /// thread that caused the most waiting.
 fn by_process(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<PreemptorProcess> {
@@ -197,12 +222,16 @@ fn by_process(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Preemptor
                 g.threads += 1;
             }
             None => {
-                let comm = rec
-                    .preemptors
-                    .iter()
-                    .find(|r| r.pid == p.pid)
-                    .and_then(|r| r.process_comm.clone())
-                    .unwrap_or_else(|| p.comm.clone());
+                // pid 0: the idle task of whichever CPU, one entry for all.
+                let comm = if p.pid == 0 {
+                    IDLE.to_string()
+                } else {
+                    rec.preemptors
+                        .iter()
+                        .find(|r| r.pid == p.pid)
+                        .and_then(|r| r.process_comm.clone())
+                        .unwrap_or_else(|| p.comm.clone())
+                };
                 groups.push(PreemptorProcess {
                     tgid: p.tgid,
                     comm,
@@ -244,6 +273,7 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
         runq_wait_max_ns: t.runq_wait_max_ns,
         runq_wait_quantiles_from: from,
         runq_wait_log2_hist: t.runq_wait_log2_hist.clone(),
+        wait_classes: t.wait_classes,
         counters: (rec.counter_mask != 0)
             .then(|| counters::thread_summary(&t.counters.unwrap_or_default(), rec.counter_mask)),
         counter_bins: counters::thread_series(rec, t.tid),
@@ -253,6 +283,8 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
             sync_ns: c.sync_ns,
             sync_max_ns: c.sync_max_ns,
             sync_share: c.sync_ns as f64 / t.alive_ns().max(1) as f64,
+            sync_busy_share: c.sync_ns as f64
+                / (t.oncpu_ns + t.runq_wait_ns + c.sync_ns).max(1) as f64,
         }),
     }
 }
@@ -267,6 +299,7 @@ fn cuda_summary(rec: &Recording, threads: &[ThreadSummary]) -> CudaSummary {
         c.sync_calls += t.sync_calls;
         c.sync_ns += t.sync_ns;
         c.max_thread_sync_share = c.max_thread_sync_share.max(t.sync_share);
+        c.max_thread_sync_busy_share = c.max_thread_sync_busy_share.max(t.sync_busy_share);
     }
     c
 }
@@ -304,6 +337,7 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
         t.migrations += th.migrations;
         t.runq_waits += th.runq_waits;
         t.runq_wait_max_ns = t.runq_wait_max_ns.max(th.runq_wait_max_ns);
+        t.wait_classes.merge(&th.wait_classes);
         // Merging only makes sense while every thread's samples are complete.
         if th.runq_wait_samples.len() == th.runq_waits {
             let _ = merged.0.add(&th.runq_wait_samples.0);
@@ -374,15 +408,18 @@ pub fn summarize(rec: &Recording) -> Summary {
         *slot += r.route.count;
     }
 
-    Summary {
+    let mut s = Summary {
         schema_version: SCHEMA_VERSION,
         tracer_version: rec.tracer_version.clone(),
         pid: rec.target.pid,
         comm: rec.target.comm.clone(),
         cmdline: rec.target.cmdline.clone(),
+        verdict: Verdict::default(),
+        requests: super::requests::analyze(rec),
         duration_ns: rec.duration_ns(),
         start_ns: rec.start_ns,
         end_ns: rec.end_ns,
+        realtime_minus_monotonic_ns: rec.host.realtime_minus_monotonic_ns,
         end_reason: rec.end_reason,
         target_exited_ns: rec.target_exited_ns,
         probe_mode: rec.probe_mode,
@@ -401,74 +438,18 @@ pub fn summarize(rec: &Recording) -> Summary {
         preemptors,
         preemptor_processes,
         migration_routes,
-    }
+    };
+    s.verdict = verdict::judge(&s);
+    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::{PreemptorRecord, TargetMeta};
-
-    fn thread(tid: u32, on: u64, rq: u64, waits: &[u64]) -> ThreadRecord {
-        let mut samples = WaitSamples::default();
-        let mut log2 = vec![0u32; tracer_common::RUNQ_HIST_SLOTS];
-        for &w in waits {
-            samples.record(w);
-            log2[tracer_common::hist_slot(w)] += 1;
-        }
-        ThreadRecord {
-            tid,
-            comm: format!("t{tid}"),
-            created_ns: None,
-            exited_ns: None,
-            parent_tid: None,
-            voluntary_switches: 1,
-            involuntary_switches: waits.len() as u64,
-            migrations: 0,
-            wakeups: 0,
-            oncpu_ns: on,
-            runq_wait_ns: rq,
-            blocked_ns: 0,
-            runq_waits: waits.len() as u64,
-            runq_wait_max_ns: waits.iter().copied().max().unwrap_or(0),
-            runq_wait_log2_hist: log2,
-            runq_wait_samples: samples,
-            counters: None,
-            cuda: None,
-        }
-    }
-
-    fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -> Recording {
-        Recording {
-            tracer_version: "test".into(),
-            target: TargetMeta {
-                pid: 100,
-                comm: "server".into(),
-                cmdline: vec![],
-            },
-            probe_mode: ProbeMode::TpBtf,
-            probe_fallback_reason: None,
-            start_ns: 1_000,
-            end_ns: 11_000,
-            end_reason: EndReason::Duration,
-            target_exited_ns: None,
-            threads,
-            preemptors,
-            migration_routes: vec![],
-            losses: Losses::default(),
-            events_received: 0,
-            capabilities: crate::sources::host::tests::no_capabilities(),
-            counter_mask: 0,
-            counter_bins: Default::default(),
-            gpu: None,
-            cuda_syncs: vec![],
-            cuda_launch_bins: Default::default(),
-            cgroup: None,
-            host: Default::default(),
-            incomplete: None,
-            timeline: Default::default(),
-        }
-    }
+    use crate::{
+        analysis::testutil::{recording, thread},
+        recording::PreemptorRecord,
+    };
 
     #[test]
     fn sorts_and_totals() {

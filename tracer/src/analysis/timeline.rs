@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tracer_common::{Event, EventKind};
 
-use crate::recording::CudaSpan;
+use crate::recording::{
+    CudaSpan,
+    waits::{WaitKind, WaitTracker},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -35,6 +38,9 @@ pub struct Interval {
     pub state: State,
     /// The CPU it ran on (running), or whose run queue it waited in when known.
     pub cpu: Option<u32>,
+    /// Runnable intervals ended by a switch-in: what kind of wait it was, and the task that
+    /// had the CPU just before (0: the idle task).
+    pub wait: Option<(WaitKind, u32)>,
 }
 
 /// One thread over the window.
@@ -67,6 +73,7 @@ impl ThreadTimeline {
                 end_ns: until,
                 state,
                 cpu: self.cpu,
+                wait: None,
             });
         }
     }
@@ -84,13 +91,27 @@ impl ThreadTimeline {
     }
 }
 
-/// Rebuilds every thread's intervals over `[start, end]` from the events, in arrival order.
+/// Rebuilds every thread's intervals over `[start, end]` from the events, in time order. The
+/// ring buffer delivers each CPU's events in order, but two CPUs' events can interleave a
+/// little out of order (a thread's switch-out on one CPU after its switch-in on the next); a
+/// stable sort by timestamp puts them back, keeping arrival order for equal stamps.
 pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTimeline> {
+    let sorted;
+    let events = if events.is_sorted_by_key(|e| e.ts_ns) {
+        events
+    } else {
+        let mut v = events.to_vec();
+        v.sort_by_key(|e| e.ts_ns);
+        sorted = v;
+        &sorted
+    };
     let mut threads: BTreeMap<u32, ThreadTimeline> = BTreeMap::new();
+    let mut tracker = WaitTracker::default();
     for ev in events {
         let Ok(kind) = EventKind::try_from(ev.kind) else {
             continue;
         };
+        let ended = tracker.on_event(ev);
         let t = threads.entry(ev.tid).or_insert_with(|| ThreadTimeline {
             tid: ev.tid,
             ..Default::default()
@@ -106,6 +127,12 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
                 }
                 t.cpu = Some(ev.cpu);
                 t.go(ts, State::Running, State::Runnable, start);
+                if let (Some(last), Some(w)) = (t.intervals.last_mut(), ended)
+                    && last.state == State::Runnable
+                    && last.end_ns == ts
+                {
+                    last.wait = Some((w.kind, w.prev_tid));
+                }
             }
             EventKind::SwitchOut => {
                 t.cpu = Some(ev.cpu);
@@ -140,7 +167,11 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
                 t.since = ts;
             }
             EventKind::ThreadExit => t.exited_ns = Some(ev.ts_ns),
-            EventKind::CounterSlice | EventKind::CudaLaunch | EventKind::CudaSync => {}
+            EventKind::CounterSlice
+            | EventKind::CudaLaunch
+            | EventKind::CudaSync
+            | EventKind::RequestStart
+            | EventKind::RequestEnd => {}
         }
     }
     for t in threads.values_mut() {

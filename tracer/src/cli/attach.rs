@@ -31,7 +31,10 @@ pub fn run(args: AttachArgs) -> Result<()> {
         );
     }
     let opts = args.record.session_options(Some(args.duration));
-    let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    if let Some(path) = &args.record.requests.latencies {
+        super::load_latencies(&mut rec, path)?;
+    }
     print_recording(&rec, args.record.json, &args.record.outputs)?;
     Ok(())
 }

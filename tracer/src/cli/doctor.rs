@@ -86,6 +86,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
         choice: ProbeChoice::Auto,
         ring_bytes: 4096 * 16,
         btf_path: None,
+        markers: None,
     };
     let loaded = SchedProbes::load(std::process::id(), &opts, &none)
         .and_then(|mut p| p.verify().map(|()| p));

@@ -13,10 +13,14 @@ use clap::{Args, Parser, Subcommand};
 use crate::{
     analysis::summary::summarize,
     recording::Recording,
+    recording::requests::parse_latency_log,
     render,
     session::{GpuSettings, SessionOptions},
     sources::{
-        ebpf::{ProbeChoice, ProbeOptions},
+        ebpf::{
+            ProbeChoice, ProbeOptions,
+            requests::{Marker, RequestMarkers},
+        },
         perf::CounterChoice,
     },
     workload,
@@ -28,10 +32,14 @@ use crate::{
 #[command(name = "tracer", version, about, long_about = None)]
 #[command(after_help = "EXAMPLES:
     tracer demo                          # built-in workload + CPU hogs, attached and explained
+    tracer demo --scenario cfs-throttle  # another injected cause (see --help)
     tracer doctor                        # what this host can measure
     sudo tracer attach --pid 1234        # record PID 1234 for 10 s and summarize
     sudo tracer attach --pid 1234 -d 30s --json > trace.json
     sudo tracer run -- python3 serve.py  # trace a command from its first instruction
+    sudo tracer attach -p 1234 --request-start /srv/server:req_begin --request-end \
+         /srv/server:req_done --request-id-arg 0   # per-request verdict
+    sudo tracer attach -p 1234 --latencies /tmp/requests.jsonl
     sudo tracer attach -p 1234 -o rec.trace && tracer report rec.trace --html rec.html")]
 pub struct Cli {
     #[command(subcommand)]
@@ -53,9 +61,9 @@ enum Command {
     /// The built-in workload (used by `demo` and the tests).
     #[command(hide = true)]
     Workload(workload::server::WorkloadArgs),
-    /// CPU-hog threads (the demo's disturbance).
+    /// The demo's disturbances: CPU hogs, a cache thrasher, a migrator.
     #[command(hide = true)]
-    Hog(workload::hog::HogArgs),
+    Disturb(workload::disturb::DisturbArgs),
     /// Print the JSON Schema of the --json document.
     #[command(hide = true)]
     Schema,
@@ -103,6 +111,59 @@ pub struct RecordArgs {
     /// Write the recording to this trace file as it goes (`tracer report FILE` reads it).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub requests: RequestArgs,
+}
+
+/// Where the target's requests come from, for the request-level verdict.
+#[derive(Debug, Args, Clone, Default)]
+pub struct RequestArgs {
+    /// The target's function that begins a request, as BINARY:SYMBOL (BINARY: an absolute
+    /// path, or the name of a file the target has mapped). A uprobe marks each call.
+    #[arg(long, value_name = "BINARY:SYMBOL", requires = "request_end")]
+    pub request_start: Option<Marker>,
+    /// The function that ends a request (may be on another thread when requests carry ids).
+    #[arg(long, value_name = "BINARY:SYMBOL", requires = "request_start")]
+    pub request_end: Option<Marker>,
+    /// Which argument (0-5) of both functions is the request id. Without it, a request is a
+    /// start and the next end on the same thread.
+    #[arg(long, value_name = "N", requires = "request_start",
+          value_parser = clap::value_parser!(u8).range(0..6))]
+    pub request_id_arg: Option<u8>,
+    /// A log of request latencies the target writes, read when the recording ends: JSON lines
+    /// {"start_ns": N, "end_ns": N, "tid": N}, on CLOCK_MONOTONIC unless a {"clock":
+    /// "realtime"} line says otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "request_start")]
+    pub latencies: Option<PathBuf>,
+}
+
+impl RequestArgs {
+    pub fn markers(&self) -> Option<RequestMarkers> {
+        Some(RequestMarkers {
+            start: self.request_start.clone()?,
+            end: self.request_end.clone()?,
+            id_arg: self.request_id_arg,
+        })
+    }
+
+    fn wanted(&self) -> bool {
+        self.request_start.is_some() || self.latencies.is_some()
+    }
+}
+
+/// Reads the latency log into the recording's requests.
+pub fn load_latencies(rec: &mut Recording, path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the latency log {}", path.display()))?;
+    let set = parse_latency_log(
+        &text,
+        rec.host.realtime_minus_monotonic_ns,
+        (rec.start_ns, rec.end_ns),
+    )
+    .with_context(|| format!("{}", path.display()))?;
+    rec.requests = Some(set);
+    Ok(())
 }
 
 /// Files made from a recording, by `attach`, `run` and `report` alike.
@@ -140,6 +201,7 @@ impl RecordArgs {
                 choice: self.probes,
                 ring_bytes: self.ring_kib * 1024,
                 btf_path: self.btf.clone(),
+                markers: self.requests.markers(),
             },
             counters: self.counters,
             bin: self.bin,
@@ -150,7 +212,8 @@ impl RecordArgs {
             progress: !self.quiet,
             notices: !self.quiet,
             output: self.output.clone(),
-            keep_timeline: self.outputs.need_timeline(),
+            // Requests are decomposed on the timeline.
+            keep_timeline: self.outputs.need_timeline() || self.requests.wanted(),
         }
     }
 }
@@ -232,7 +295,7 @@ pub fn main() -> ExitCode {
         Command::Doctor(d) => doctor::run(d),
         Command::Report(r) => report::run(r),
         Command::Workload(w) => workload::server::run(w),
-        Command::Hog(h) => workload::hog::run(h),
+        Command::Disturb(d) => workload::disturb::run(d),
         Command::Schema => {
             print!("{}", render::json_schema());
             Ok(())

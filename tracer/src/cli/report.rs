@@ -19,13 +19,23 @@ pub struct ReportArgs {
     pub json: bool,
     #[command(flatten)]
     pub outputs: OutputArgs,
+    /// A latency log of the target's requests (see `tracer attach --help`), for the
+    /// request-level verdict.
+    #[arg(long, value_name = "FILE")]
+    pub latencies: Option<PathBuf>,
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
     let contents = reader::read(&args.file)?;
     let damage = contents.damage.clone();
     let complete = contents.complete && contents.final_recording.is_some();
-    let rec = recover::into_recording(contents, args.outputs.need_timeline());
+    let mut rec = recover::into_recording(
+        contents,
+        args.outputs.need_timeline() || args.latencies.is_some(),
+    );
+    if let Some(path) = &args.latencies {
+        super::load_latencies(&mut rec, path)?;
+    }
     print_recording(&rec, args.json, &args.outputs)?;
     if let Some(d) = damage {
         bail!(

@@ -111,12 +111,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let opts = args.record.session_options(args.duration);
     // If recording fails before the release, dropping the gate makes the child exit unrun.
-    let rec = runtime()?.block_on(record(&target, &opts, || child.release()))?;
+    let mut rec = runtime()?.block_on(record(&target, &opts, || child.release()))?;
     if !args.record.quiet {
         match child.try_reap() {
             Some(how) => eprintln!("tracer: the command ended with {how}"),
             None => eprintln!("tracer: the command is still running (PID {})", child.pid),
         }
+    }
+    if let Some(path) = &args.record.requests.latencies {
+        super::load_latencies(&mut rec, path)?;
     }
     print_recording(&rec, args.record.json, &args.record.outputs)?;
     Ok(())

@@ -5,6 +5,8 @@
 pub mod collect;
 pub mod counters;
 pub mod gpu;
+pub mod requests;
+pub mod waits;
 
 use std::collections::BTreeMap;
 
@@ -91,6 +93,9 @@ pub struct ThreadRecord {
     pub counters: Option<CounterTotals>,
     /// CUDA calls, if the thread made any while the uprobes were attached.
     pub cuda: Option<CudaTotals>,
+    /// Its run-queue waits by kind (from the timeline: complete waits seen by userspace).
+    #[serde(default)]
+    pub wait_classes: waits::WaitClasses,
 }
 
 /// A thread's CUDA driver calls over the window.
@@ -192,6 +197,9 @@ pub struct Recording {
     /// Kernel launches per thread per time bin (the counter bins' width).
     #[serde(skip)]
     pub cuda_launch_bins: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// The target's requests, from its marker functions or a latency log.
+    #[serde(skip)]
+    pub requests: Option<requests::RequestSet>,
 }
 
 /// The machine a recording was made on, and how the tracer was invoked.
@@ -205,6 +213,10 @@ pub struct HostMeta {
     pub topology: Vec<crate::sources::topology::CpuPlace>,
     /// The tracer's own command line.
     pub argv: Vec<String>,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC when the recording started, to place a latency
+    /// log kept on wall-clock time.
+    #[serde(default)]
+    pub realtime_minus_monotonic_ns: i64,
 }
 
 /// The target cgroup's throttling counters over the window.
@@ -286,6 +298,7 @@ pub fn close_thread(
         runq_wait_samples: samples,
         counters: None,
         cuda: None,
+        wait_classes: Default::default(),
     }
 }
 
@@ -313,6 +326,7 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
         runq_wait_samples: WaitSamples::default(),
         counters: None,
         cuda: None,
+        wait_classes: Default::default(),
     }
 }
 
@@ -330,6 +344,8 @@ pub struct ThreadInputs {
     pub counters: BTreeMap<u32, CounterTotals>,
     /// CUDA call accounting, when the uprobes were attached.
     pub cuda: BTreeMap<u32, CudaTotals>,
+    /// Run-queue waits by kind.
+    pub waits: BTreeMap<u32, waits::WaitClasses>,
 }
 
 /// Joins the inputs into thread records sorted by TID.
@@ -344,6 +360,7 @@ pub fn assemble_threads(mut inp: ThreadInputs, start: u64, end: u64) -> Vec<Thre
         let w = inp.samples.remove(&s.tid).unwrap_or_default();
         let mut rec = close_thread(s, start, end, name, w);
         rec.counters = inp.counters.remove(&s.tid);
+        rec.wait_classes = inp.waits.remove(&s.tid).unwrap_or_default();
         out.insert(s.tid, rec);
     }
     for (tid, info) in &inp.initial {

@@ -3,6 +3,7 @@
 pub mod html;
 pub mod perfetto;
 pub mod text;
+pub mod verdict;
 
 use crate::analysis::summary::Summary;
 

@@ -56,6 +56,7 @@ fn table(header: &[&str]) -> Table {
 
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
+    super::verdict::render(s, &mut out);
     let t = &s.totals;
     let probes = match s.probe_mode {
         ProbeMode::TpBtf => "tp_btf probes",
@@ -233,6 +234,8 @@ pub fn render(s: &Summary) -> String {
             let mut name = p.comm.clone();
             if p.same_process {
                 name.push_str(" (the target itself)");
+            } else if p.tgid == 0 && p.comm == crate::analysis::summary::IDLE {
+                name.push_str(" (no task ran: cgroup throttled, or a slow wakeup)");
             }
             pt.add_row(vec![
                 p.tgid.to_string(),

@@ -106,6 +106,7 @@ pub fn recording(
         samples: col.take_samples(),
         counters,
         cuda,
+        waits: col.take_waits(),
     };
     let threads = assemble_threads(inputs, w.start, w.end);
     let btf_path = opts
@@ -142,6 +143,7 @@ pub fn recording(
         gpu: w.gpu,
         cuda_syncs: vec![],
         cuda_launch_bins: Default::default(),
+        requests: None,
         cgroup: w.cgroup,
         host: w.host,
         incomplete: None,

@@ -132,6 +132,9 @@ pub async fn record(
     // The CUDA probes first: attaching them takes a while with a large libcuda, and they
     // only account CUDA calls, which the window's edges do not cut.
     probes.attach_cuda(target.pid)?;
+    if let Some(m) = &opts.probes.markers {
+        probes.attach_markers(target.pid, m)?;
+    }
     let start = monotonic_ns();
     probes.attach(|| target.threads().into_keys().collect())?;
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
@@ -217,7 +220,7 @@ pub async fn record(
     let end = monotonic_ns();
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
-    probes.detach_cuda();
+    probes.detach_uprobes();
     drain(&mut probes, &mut col, &mut writer);
     if let Some(s) = throttle.as_ref().and_then(|t| t.sample(end)) {
         throttling.push(s);

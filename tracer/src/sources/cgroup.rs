@@ -147,14 +147,19 @@ fn limit_at(dir: &Path, version: CgroupVersion, name: &str) -> Option<CpuLimit> 
     })
 }
 
+/// Where the hierarchy holding the cpu controller is mounted.
+pub fn cpu_root(version: CgroupVersion) -> PathBuf {
+    match version {
+        CgroupVersion::V2 => PathBuf::from(CGROUP_ROOT),
+        _ => Path::new(CGROUP_ROOT).join("cpu"),
+    }
+}
+
 /// The target's CPU cgroup, its limits (walking up to the root) and throttling counters.
 pub fn cpu_cgroup(pid: u32) -> Option<CpuCgroup> {
     let version = version();
     let (path, name) = cgroup_of(pid, version)?;
-    let root = match version {
-        CgroupVersion::V2 => PathBuf::from(CGROUP_ROOT),
-        _ => Path::new(CGROUP_ROOT).join("cpu"),
-    };
+    let root = cpu_root(version);
     let mut limits = Vec::new();
     let mut dir = path.clone();
     let mut cg = name.clone();

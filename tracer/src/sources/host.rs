@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     ebpf::layout,
     perf::{Capability, PmuCapability},
+    process::realtime_minus_monotonic_ns,
 };
 
 /// The capabilities a recording relied on, with the reason for each one missing. A missing
@@ -214,6 +215,7 @@ pub fn host_meta(cpus: &[u32]) -> crate::recording::HostMeta {
         cpus_online: cpus.to_vec(),
         topology: super::topology::read(cpus),
         argv: std::env::args().collect(),
+        realtime_minus_monotonic_ns: realtime_minus_monotonic_ns(),
     }
 }
 

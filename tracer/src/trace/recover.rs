@@ -27,8 +27,10 @@ pub fn into_recording(c: TraceContents, keep: bool) -> Recording {
     let mut rec = match c.final_recording {
         Some(mut rec) => {
             let mut samples = col.take_samples();
+            let mut waits = col.take_waits();
             for t in rec.threads.iter_mut() {
                 t.runq_wait_samples = samples.remove(&t.tid).unwrap_or_default();
+                t.wait_classes = waits.remove(&t.tid).unwrap_or_default();
             }
             col.finish_into(&mut rec);
             rec
@@ -48,12 +50,17 @@ pub fn into_recording(c: TraceContents, keep: bool) -> Recording {
             let mut rec = partial(&c.meta, c.gpu, c.cgroup, why);
             // Close the timeline at the heartbeat before rebuilding it.
             rec.end_ns = heartbeat.max(c.meta.start_ns);
+            let mut waits = col.take_waits();
             col.finish_into(&mut rec);
             rebuild_threads(&mut rec, &c.meta, heartbeat);
+            for t in rec.threads.iter_mut() {
+                t.wait_classes = waits.remove(&t.tid).unwrap_or_default();
+            }
             rec
         }
     };
-    if !keep {
+    // Requests from markers are decomposed on the timeline.
+    if !keep && rec.requests.is_none() {
         rec.timeline = Default::default();
     }
     rec
@@ -121,6 +128,7 @@ fn partial(
         gpu,
         cuda_syncs: vec![],
         cuda_launch_bins: Default::default(),
+        requests: None,
         cgroup: None,
         host: meta.host.clone(),
         incomplete: Some(format!(
@@ -181,6 +189,7 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
                 runq_wait_samples: samples,
                 counters: None,
                 cuda: None,
+                wait_classes: Default::default(),
             }
         })
         .collect();

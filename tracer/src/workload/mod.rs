@@ -1,6 +1,7 @@
-//! Built-in workloads for `tracer demo` and the tests: a synthetic inference server and the
-//! disturbances applied to it. They run as separate processes (the tracer re-executes itself
-//! with a hidden subcommand), so the tracer attaches to them exactly as to a real server.
+//! The built-in workload and disturbances that `tracer demo` runs (as hidden subcommands of
+//! this binary, so the demo needs nothing else installed).
 
-pub mod hog;
+pub mod disturb;
+pub mod limit;
 pub mod server;
+pub mod work;

@@ -1,14 +1,18 @@
 //! A small synthetic inference server: a dispatcher thread admits requests at a steady rate
 //! (open loop, like clients that do not wait for each other), worker threads each take one and
-//! spend a fixed amount of CPU time on it. Every request's arrival and completion are logged on
-//! CLOCK_MONOTONIC, the tracer's clock, so latencies can be lined up with the recording.
+//! do a fixed amount of work on it. Every request passes through two marker functions the
+//! tracer can probe (`tracer_request_start` on admission, `tracer_request_end` on completion,
+//! both taking the request id), and can be logged on CLOCK_MONOTONIC as well.
 
 use std::{
     collections::VecDeque,
     fs::File,
     io::{BufWriter, Write as _},
     path::PathBuf,
-    sync::{Arc, Condvar, Mutex},
+    sync::{
+        Arc, Condvar, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     thread,
     time::Duration,
 };
@@ -16,7 +20,8 @@ use std::{
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::sources::process::monotonic_ns;
+use super::work::Work;
+use crate::{recording::requests::RequestSpan, sources::process::monotonic_ns};
 
 #[derive(Debug, Args, Clone)]
 pub struct WorkloadArgs {
@@ -26,51 +31,53 @@ pub struct WorkloadArgs {
     /// Requests per second, all workers together.
     #[arg(long, default_value_t = 400)]
     pub rate: u32,
-    /// CPU time each request costs, in microseconds.
+    /// The work each request does, as CPU time on a quiet machine, in microseconds.
     #[arg(long, default_value_t = 1000)]
     pub work_us: u64,
+    /// Memory each worker's requests walk through, in KiB (0: arithmetic only). A working set
+    /// beyond the private caches makes requests sensitive to what else uses the shared cache.
+    #[arg(long, default_value_t = 0)]
+    pub working_set_kib: usize,
+    /// Run every thread on these CPUs only (e.g. 0 or 0,1).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
     /// Run this long, then write the log and exit.
     #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
     pub duration: Duration,
-    /// Where to write one JSON line per request: {"start_ns", "end_ns", "tid"}, monotonic.
+    /// Where to write one JSON line per request: {"start_ns", "end_ns", "tid", "id"}, after a
+    /// {"clock": "monotonic"} line (the format `--latencies` reads).
     #[arg(long)]
     pub latency_log: Option<PathBuf>,
 }
 
-/// One served request: arrival and completion on CLOCK_MONOTONIC, and who served it.
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
-pub struct RequestSpan {
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub tid: u32,
+/// The last request admitted and completed. Storing them gives the two marker functions
+/// different bodies, which the linker would otherwise fold into one (and both probes would
+/// fire on every call). Exported, so the stores cannot be optimized away with the calls. A
+/// plain store, not a read-modify-write: x86 uprobes refuse to probe a `lock`-prefixed first
+/// instruction (ENOTSUPP).
+#[unsafe(no_mangle)]
+pub static TRACER_LAST_REQUEST_STARTED: AtomicU64 = AtomicU64::new(0);
+#[unsafe(no_mangle)]
+pub static TRACER_LAST_REQUEST_ENDED: AtomicU64 = AtomicU64::new(0);
+
+/// Marks a request's admission: a uprobe target (`--request-start EXE:tracer_request_start`).
+/// Not inlined and kept under its own name, so the probe has a function to attach to.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_request_start(id: u64) {
+    TRACER_LAST_REQUEST_STARTED.store(id, Ordering::Relaxed);
+}
+
+/// Marks a request's completion (`--request-end EXE:tracer_request_end`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_request_end(id: u64) {
+    TRACER_LAST_REQUEST_ENDED.store(id, Ordering::Relaxed);
 }
 
 struct Queue {
-    pending: Mutex<(VecDeque<u64>, bool)>,
+    pending: Mutex<(VecDeque<(u64, u64)>, bool)>,
     ready: Condvar,
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into our timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Burns `ns` of this thread's CPU time: the same work whether or not the thread is preempted
-/// meanwhile, as a real request's computation would be.
-pub fn burn_cpu(ns: u64) {
-    let until = thread_cpu_ns() + ns;
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    while thread_cpu_ns() < until {
-        for _ in 0..256 {
-            x = x.rotate_left(7).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5555;
-        }
-        std::hint::black_box(x);
-    }
 }
 
 pub fn gettid() -> u32 {
@@ -86,19 +93,43 @@ pub fn set_thread_name(name: &str) {
     }
 }
 
+/// Restricts thread `tid` (0: the caller) to `cpus`.
+pub fn set_affinity(tid: u32, cpus: &[usize]) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it for any CPU below its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        anyhow::ensure!(c < libc::CPU_SETSIZE as usize, "CPU {c} is out of range");
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: the set lives for the call.
+    let rc = unsafe { libc::sched_setaffinity(tid as i32, size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        anyhow::bail!(
+            "setting the CPU affinity of {tid} to {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: WorkloadArgs) -> Result<()> {
     set_thread_name("demo-server");
+    if !args.cpus.is_empty() {
+        // Threads created from here on inherit the affinity.
+        set_affinity(0, &args.cpus)?;
+    }
+    let work = Work::calibrate(args.work_us * 1000, args.working_set_kib * 1024);
     let queue = Arc::new(Queue {
         pending: Mutex::new((VecDeque::new(), false)),
         ready: Condvar::new(),
     });
-    let work_ns = args.work_us * 1000;
     let workers: Vec<_> = (0..args.workers.max(1))
         .map(|i| {
             let q = Arc::clone(&queue);
+            let mut w = work.fresh();
             thread::Builder::new()
                 .name(format!("worker-{i}"))
-                .spawn(move || worker(&q, work_ns))
+                .spawn(move || worker(&q, &mut w))
                 .context("spawning a worker")
         })
         .collect::<Result<_>>()?;
@@ -106,14 +137,23 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
     let interval_ns = 1_000_000_000 / u64::from(args.rate.max(1));
     let end = monotonic_ns() + args.duration.as_nanos() as u64;
     let mut next = monotonic_ns();
+    let mut id = 0u64;
     while next < end {
         let now = monotonic_ns();
         if now < next {
             thread::sleep(Duration::from_nanos(next - now));
         }
-        let mut p = queue.pending.lock().expect("queue lock");
-        p.0.push_back(next);
-        drop(p);
+        id += 1;
+        // The request is admitted now, whenever the dispatcher got to it: that is what a
+        // server sees, and what the marker records.
+        tracer_request_start(id);
+        let admitted = monotonic_ns();
+        queue
+            .pending
+            .lock()
+            .expect("queue lock")
+            .0
+            .push_back((id, admitted));
         queue.ready.notify_one();
         next += interval_ns;
     }
@@ -129,12 +169,12 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
     Ok(())
 }
 
-fn worker(q: &Queue, work_ns: u64) -> Vec<RequestSpan> {
+fn worker(q: &Queue, work: &mut Work) -> Vec<RequestSpan> {
     let tid = gettid();
     let mut spans = Vec::new();
     loop {
         let mut p = q.pending.lock().expect("queue lock");
-        let arrival = loop {
+        let (id, admitted) = loop {
             if let Some(a) = p.0.pop_front() {
                 break a;
             }
@@ -144,11 +184,14 @@ fn worker(q: &Queue, work_ns: u64) -> Vec<RequestSpan> {
             p = q.ready.wait(p).expect("queue lock");
         };
         drop(p);
-        burn_cpu(work_ns);
+        work.run();
+        let end_ns = monotonic_ns();
+        tracer_request_end(id);
         spans.push(RequestSpan {
-            start_ns: arrival,
-            end_ns: monotonic_ns(),
+            start_ns: admitted,
+            end_ns,
             tid,
+            id: Some(id),
         });
     }
 }
@@ -156,20 +199,11 @@ fn worker(q: &Queue, work_ns: u64) -> Vec<RequestSpan> {
 fn write_log(path: &PathBuf, spans: &[RequestSpan]) -> Result<()> {
     let mut out =
         BufWriter::new(File::create(path).with_context(|| format!("creating {}", path.display()))?);
+    out.write_all(b"{\"clock\":\"monotonic\"}\n")?;
     for s in spans {
         serde_json::to_writer(&mut out, s)?;
         out.write_all(b"\n")?;
     }
     out.flush()?;
     Ok(())
-}
-
-/// Reads a log written by `write_log`.
-pub fn read_log(path: &std::path::Path) -> Result<Vec<RequestSpan>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).with_context(|| format!("bad latency line {l:?}")))
-        .collect()
 }

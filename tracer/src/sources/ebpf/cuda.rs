@@ -19,7 +19,7 @@ use crate::sources::perf::Capability;
 
 /// The first mapped library of `pid` whose file name starts with `prefix`, as a path this
 /// process can open, and as the target sees it.
-fn find_library(pid: u32, prefix: &str) -> Option<(PathBuf, String)> {
+pub(super) fn find_library(pid: u32, prefix: &str) -> Option<(PathBuf, String)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))

@@ -1,13 +1,15 @@
-//! Symbol offsets in a shared library, for uprobes. aya can resolve a symbol itself, but it maps
-//! and parses the whole file once per symbol (libcuda is tens of MB: seconds for a dozen probes
-//! on the GPU machine); this parses once for all of them.
+//! Symbol offsets in an ELF file (a shared library or an executable), for uprobes. aya can
+//! resolve a symbol itself, but it maps and parses the whole file once per symbol (libcuda is
+//! tens of MB: seconds for a dozen probes on the GPU machine); this parses once for all.
 
 use std::{collections::BTreeMap, fs::File, path::Path};
 
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
-/// File offsets of the exported (dynamic) symbols among `names` that `path` defines.
+/// File offsets of the symbols among `names` that `path` defines: exported (dynamic) ones first,
+/// then the static symbol table, which holds an executable's own functions unless it is
+/// stripped.
 pub fn symbol_offsets<'n>(path: &Path, names: &[&'n str]) -> Result<BTreeMap<&'n str, u64>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: the mapping is read-only and private; a library being replaced underneath would
@@ -16,11 +18,14 @@ pub fn symbol_offsets<'n>(path: &Path, names: &[&'n str]) -> Result<BTreeMap<&'n
         .with_context(|| format!("mapping {}", path.display()))?;
     let obj = object::File::parse(&*map).with_context(|| format!("parsing {}", path.display()))?;
     let mut out = BTreeMap::new();
-    for sym in obj.dynamic_symbols() {
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
         let Ok(name) = sym.name() else { continue };
         let Some(&wanted) = names.iter().find(|n| **n == name) else {
             continue;
         };
+        if out.contains_key(wanted) {
+            continue;
+        }
         let Some(index) = sym.section_index() else {
             continue; // undefined: imported, not exported
         };
@@ -60,5 +65,21 @@ mod tests {
         // File offsets fall inside the file.
         let len = std::fs::metadata(libc).unwrap().len();
         assert!(got.values().all(|&o| o > 0 && o < len));
+    }
+
+    #[test]
+    fn finds_the_static_symbols_of_an_executable() {
+        // This test binary's own functions are in .symtab only (not exported). Referenced here,
+        // so the linker keeps them in the test binary.
+        use crate::workload::server::{tracer_request_end, tracer_request_start};
+        std::hint::black_box([
+            tracer_request_start as extern "C" fn(u64),
+            tracer_request_end,
+        ]);
+        let exe = std::env::current_exe().unwrap();
+        let got = symbol_offsets(&exe, &["tracer_request_start", "tracer_request_end"]).unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        // Two probes at one address would both fire on every call.
+        assert_ne!(got["tracer_request_start"], got["tracer_request_end"]);
     }
 }

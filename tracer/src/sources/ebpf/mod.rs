@@ -7,6 +7,7 @@ pub mod cuda;
 mod elf;
 pub mod layout;
 mod read;
+pub mod requests;
 mod ring;
 
 pub use ring::{Record, decode, encode, split};
@@ -119,6 +120,8 @@ pub struct ProbeOptions {
     pub ring_bytes: u32,
     /// Override of the BTF file (tests simulate a kernel without BTF with a missing path).
     pub btf_path: Option<std::path::PathBuf>,
+    /// Request marker functions to probe, if any.
+    pub markers: Option<requests::RequestMarkers>,
 }
 
 pub struct SchedProbes {
@@ -135,6 +138,8 @@ pub struct SchedProbes {
     /// CUDA uprobes, and whether they could be attached.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
     pub cuda: crate::sources::perf::Capability,
+    /// Request marker uprobes.
+    marker_links: Vec<aya::programs::uprobe::UProbeLink>,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -171,6 +176,9 @@ impl SchedProbes {
         // An eighth of the ring: at 16 MB/s of events (200k switches/s) an 8 MiB ring wakes the
         // reader about 16 times a second, and still has 7/8 of its room for the reader's delay.
         config.ring_wakeup_bytes = opts.ring_bytes / 8;
+        if let Some(arg) = opts.markers.as_ref().and_then(|m| m.id_arg) {
+            config.request_id_arg = u32::from(arg);
+        }
 
         let (mode, btf, fallback_reason) = match opts.choice {
             ProbeChoice::Classic => (ProbeMode::Classic, None, Some("--probes classic".into())),
@@ -221,6 +229,7 @@ impl SchedProbes {
                 available: false,
                 reason: "CUDA probes not attached".into(),
             },
+            marker_links: Vec::new(),
         })
     }
 
@@ -313,6 +322,12 @@ impl SchedProbes {
         Ok(())
     }
 
+    /// Attaches the request-marker uprobe to the two functions of `markers`.
+    pub fn attach_markers(&mut self, pid: u32, markers: &requests::RequestMarkers) -> Result<()> {
+        self.marker_links = requests::attach(&mut self.ebpf, pid, markers)?;
+        Ok(())
+    }
+
     /// Detaches the scheduler probes, context switch first. The maps stay readable.
     pub fn detach_sched(&mut self) {
         while let Some(link) = self.links.pop() {
@@ -320,11 +335,12 @@ impl SchedProbes {
         }
     }
 
-    /// Detaches the CUDA uprobes. Each uprobe removal waits for an SRCU grace period (about
-    /// 100 ms measured on the GPU machine, seconds for two dozen one after the other), so they
-    /// are removed in parallel.
-    pub fn detach_cuda(&mut self) {
-        let links = std::mem::take(&mut self.cuda_links);
+    /// Detaches the CUDA and request-marker uprobes. Each uprobe removal waits for an SRCU
+    /// grace period (about 100 ms measured on the GPU machine, seconds for two dozen one after
+    /// the other), so they are removed in parallel.
+    pub fn detach_uprobes(&mut self) {
+        let mut links = std::mem::take(&mut self.cuda_links);
+        links.append(&mut self.marker_links);
         std::thread::scope(|s| {
             for link in links {
                 s.spawn(move || drop(link));
@@ -335,7 +351,7 @@ impl SchedProbes {
     /// Detaches everything.
     pub fn detach(&mut self) {
         self.detach_sched();
-        self.detach_cuda();
+        self.detach_uprobes();
     }
 
     /// The ring buffer, for waiting on readiness.

@@ -1,0 +1,488 @@
+//! Request-level decomposition: each request's wall time, on the thread that served it, split
+//! into on-CPU, run-queue wait (by kind), waiting for the GPU and other blocked time; then the
+//! tail (p99 and above) set against the median requests, so the tail's excess can be split
+//! across causes. Pure: the recording in, figures out.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use tracer_common::{CudaFn, EventKind, PerfSlot};
+
+use super::timeline::{self, Interval, State};
+use crate::recording::{
+    CudaSpan, Recording,
+    requests::{RequestSet, RequestSource, RequestSpan},
+    waits::WaitKind,
+};
+
+/// Where one request's (or a group's mean) wall time went, in ns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct Breakdown {
+    /// On a CPU working on this request.
+    pub oncpu_ns: f64,
+    /// On a CPU while the serving thread was still finishing earlier requests: queueing.
+    pub queued_oncpu_ns: f64,
+    /// Waiting for a CPU while other tasks ran.
+    pub runq_contention_ns: f64,
+    /// Waiting for a CPU after being moved to another one.
+    pub runq_migration_ns: f64,
+    /// Waiting for a CPU that was idle when the thread finally ran (cgroup throttling, or a
+    /// slow wakeup).
+    pub runq_idle_cpu_ns: f64,
+    /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
+    pub cuda_sync_ns: f64,
+    /// Off the CPU and not runnable, other than waiting for the GPU (locks, I/O, sleep).
+    pub blocked_ns: f64,
+    /// Not covered by the timeline (thread unseen, events lost).
+    pub uncovered_ns: f64,
+}
+
+impl Breakdown {
+    pub const FIELDS: [&'static str; 8] = [
+        "oncpu",
+        "queued_oncpu",
+        "runq_contention",
+        "runq_migration",
+        "runq_idle_cpu",
+        "cuda_sync",
+        "blocked",
+        "uncovered",
+    ];
+
+    pub fn values(&self) -> [f64; 8] {
+        [
+            self.oncpu_ns,
+            self.queued_oncpu_ns,
+            self.runq_contention_ns,
+            self.runq_migration_ns,
+            self.runq_idle_cpu_ns,
+            self.cuda_sync_ns,
+            self.blocked_ns,
+            self.uncovered_ns,
+        ]
+    }
+
+    fn from_values(v: [f64; 8]) -> Self {
+        Self {
+            oncpu_ns: v[0],
+            queued_oncpu_ns: v[1],
+            runq_contention_ns: v[2],
+            runq_migration_ns: v[3],
+            runq_idle_cpu_ns: v[4],
+            cuda_sync_ns: v[5],
+            blocked_ns: v[6],
+            uncovered_ns: v[7],
+        }
+    }
+
+    /// Everything the timeline accounts for.
+    pub fn covered_ns(&self) -> f64 {
+        self.values()[..7].iter().sum()
+    }
+
+    fn mean(items: &[&Breakdown]) -> Self {
+        let mut sum = [0.0; 8];
+        for b in items {
+            for (s, v) in sum.iter_mut().zip(b.values()) {
+                *s += v;
+            }
+        }
+        let n = items.len().max(1) as f64;
+        Self::from_values(sum.map(|s| s / n))
+    }
+
+    pub fn minus(&self, o: &Self) -> Self {
+        let (a, b) = (self.values(), o.values());
+        Self::from_values(std::array::from_fn(|i| a[i] - b[i]))
+    }
+}
+
+/// One request, decomposed.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct RequestDetail {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tid: u32,
+    pub id: Option<u64>,
+    pub wall_ns: u64,
+    pub parts: Breakdown,
+    /// CPU changes of the serving thread during the request.
+    pub migrations: u32,
+    /// The part of `cuda_sync_ns` in device- or context-wide synchronization (which waits for
+    /// all of the process's GPU work, not just the request's).
+    pub cuda_device_sync_ns: f64,
+    /// LLC misses and instructions over its on-CPU slices (pro rata), when measured.
+    pub llc_misses: Option<f64>,
+    pub instructions: Option<f64>,
+}
+
+/// A set of requests (the median ones, or the tail), on average.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Group {
+    pub requests: usize,
+    pub wall_ns_mean: f64,
+    pub mean: Breakdown,
+    pub migrations_mean: f64,
+    pub cuda_device_sync_ns_mean: f64,
+    /// LLC misses per thousand instructions over the group's requests, when measured.
+    pub mpki: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct RequestAnalysis {
+    pub source: RequestSource,
+    /// Requests wholly inside the window, decomposed.
+    pub requests: usize,
+    /// Requests that could not be used (see `RequestSet::unpaired`).
+    pub unpaired: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    /// p99 / p50.
+    pub jitter_ratio: f64,
+    /// Whether the tail is significantly slower than the median (see ATTRIBUTION.md).
+    pub jitter: bool,
+    /// The largest gap between a request's wall time and its decomposition, as a share of its
+    /// wall time (0 when every request is covered by the timeline end to end).
+    pub closure_error_max: f64,
+    /// Share of requests whose decomposition closes within 5 %.
+    pub closure_within_5pct: f64,
+    /// The requests between p40 and p60.
+    pub median: Group,
+    /// The requests at or above p99 (at least 5 when there are enough).
+    pub tail: Group,
+    /// Tail mean minus median mean, by part: where the tail's extra time went.
+    pub excess: Breakdown,
+    pub excess_ns: f64,
+    /// The slowest requests, decomposed.
+    pub slowest: Vec<RequestDetail>,
+}
+
+/// At least this many requests are needed to speak of a p99.
+pub const MIN_REQUESTS: usize = 20;
+/// The tail counts as jitter when it exceeds p50 by JITTER_FLOOR_NS and either p99 >=
+/// JITTER_RATIO x p50, or p99 >= JITTER_RATIO_BROAD x p50 with the p90 moved too (p90 >=
+/// P90_RATIO x p50): a tail that is more than a handful of outliers. On our VMs a quiet server
+/// reaches p99 = 1.56 x p50 from the host alone, with p90 <= 1.09 x p50 (docs/ATTRIBUTION.md).
+pub const JITTER_RATIO: f64 = 2.0;
+pub const JITTER_RATIO_BROAD: f64 = 1.5;
+pub const P90_RATIO: f64 = 1.2;
+pub const JITTER_FLOOR_NS: u64 = 200_000;
+
+/// What the decomposition of each request reads: one thread's intervals, CUDA calls,
+/// migrations and counter slices, in time order.
+struct ThreadView<'a> {
+    intervals: &'a [Interval],
+    syncs: Vec<&'a CudaSpan>,
+    migrations: Vec<u64>,
+    /// (start, end, llc misses, instructions).
+    slices: Vec<(u64, u64, u64, u64)>,
+}
+
+/// Per CPU, the stretches in which none of the target's threads ran on it although one waited
+/// in its run queue, and the wait ended with the CPU idle: the CPU was free but the threads
+/// could not run (their cgroup was throttled), or it was slow to wake. Every target thread
+/// waiting on that CPU meanwhile waited for the same reason, whichever task it followed.
+#[derive(Default)]
+struct Stalls(HashMap<u32, Vec<(u64, u64)>>);
+
+impl Stalls {
+    fn build(timelines: &std::collections::BTreeMap<u32, timeline::ThreadTimeline>) -> Self {
+        let mut run_ends: HashMap<u32, Vec<u64>> = HashMap::new();
+        for t in timelines.values() {
+            for i in t.intervals.iter().filter(|i| i.state == State::Running) {
+                if let Some(c) = i.cpu {
+                    run_ends.entry(c).or_default().push(i.end_ns);
+                }
+            }
+        }
+        for v in run_ends.values_mut() {
+            v.sort_unstable();
+        }
+        let mut stalls: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for t in timelines.values() {
+            for i in &t.intervals {
+                let (Some(c), Some((WaitKind::IdleCpu, _))) = (i.cpu, i.wait) else {
+                    continue;
+                };
+                // From the last moment a target thread ran on that CPU, or the start of this
+                // wait if later (before it, the CPU may have run other tasks).
+                let ends = run_ends.get(&c).map_or(&[][..], |v| v.as_slice());
+                let k = ends.partition_point(|&e| e <= i.end_ns);
+                let last_run = if k > 0 { ends[k - 1] } else { 0 };
+                stalls
+                    .entry(c)
+                    .or_default()
+                    .push((last_run.max(i.start_ns), i.end_ns));
+            }
+        }
+        for v in stalls.values_mut() {
+            v.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+            for &(a, b) in v.iter() {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            *v = merged;
+        }
+        Self(stalls)
+    }
+
+    /// Time of `[s, e)` inside stalls of `cpu`.
+    fn overlap(&self, cpu: u32, s: u64, e: u64) -> u64 {
+        let Some(v) = self.0.get(&cpu) else { return 0 };
+        let from = v.partition_point(|x| x.1 <= s);
+        v[from..]
+            .iter()
+            .take_while(|x| x.0 < e)
+            .map(|x| overlap(x.0, x.1, s, e))
+            .sum()
+    }
+}
+
+fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
+    a1.min(b1).saturating_sub(a0.max(b0))
+}
+
+/// Time of `[s, e)` inside CUDA synchronizing calls.
+fn sync_overlap(syncs: &[&CudaSpan], s: u64, e: u64) -> u64 {
+    let from = syncs.partition_point(|c| c.end_ns <= s);
+    syncs[from..]
+        .iter()
+        .take_while(|c| c.start_ns < e)
+        .map(|c| overlap(c.start_ns, c.end_ns, s, e))
+        .sum()
+}
+
+/// Decomposes `r` on its serving thread. Until `busy_until` (the end of the thread's previous
+/// request) the thread's CPU time went to earlier requests: this one was queued.
+fn decompose(
+    r: &RequestSpan,
+    v: &ThreadView,
+    stalls: &Stalls,
+    busy_until: u64,
+    llc: bool,
+) -> RequestDetail {
+    let (s, e) = (r.start_ns, r.end_ns);
+    let mut p = Breakdown::default();
+    let from = v.intervals.partition_point(|i| i.end_ns <= s);
+    for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
+        let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
+        if ie <= is {
+            continue;
+        }
+        let ov = (ie - is) as f64;
+        match i.state {
+            State::Runnable => {
+                let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
+                p.runq_idle_cpu_ns += idle;
+                if i.wait.map(|w| w.0) == Some(WaitKind::Migration) {
+                    p.runq_migration_ns += ov - idle;
+                } else {
+                    p.runq_contention_ns += ov - idle;
+                }
+            }
+            State::Running | State::Blocked => {
+                let gpu = sync_overlap(&v.syncs, is, ie) as f64;
+                p.cuda_sync_ns += gpu;
+                if i.state == State::Running {
+                    let queued = overlap(is, ie, s, busy_until) as f64;
+                    let queued_gpu = sync_overlap(&v.syncs, is, ie.min(busy_until).max(is)) as f64;
+                    p.queued_oncpu_ns += queued - queued_gpu;
+                    p.oncpu_ns += ov - gpu - (queued - queued_gpu);
+                } else {
+                    p.blocked_ns += ov - gpu;
+                }
+            }
+        }
+    }
+    let wall = r.wall_ns();
+    p.uncovered_ns = (wall as f64 - p.covered_ns()).max(0.0);
+    let device_wide: Vec<&CudaSpan> = v
+        .syncs
+        .iter()
+        .copied()
+        .filter(|c| {
+            matches!(
+                CudaFn::try_from(c.function),
+                Ok(CudaFn::CtxSynchronize | CudaFn::RtDeviceSynchronize)
+            )
+        })
+        .collect();
+    let cuda_device_sync_ns = sync_overlap(&device_wide, s, e) as f64;
+    let m_from = v.migrations.partition_point(|&t| t < s);
+    let migrations = v.migrations[m_from..]
+        .iter()
+        .take_while(|&&t| t < e)
+        .count() as u32;
+    let (mut misses, mut instr) = (0.0, 0.0);
+    if llc {
+        let from = v.slices.partition_point(|x| x.1 <= s);
+        for &(a, b, m, n) in v.slices[from..].iter().take_while(|x| x.0 < e) {
+            let f = overlap(a, b, s, e) as f64 / (b - a).max(1) as f64;
+            misses += m as f64 * f;
+            instr += n as f64 * f;
+        }
+    }
+    RequestDetail {
+        start_ns: s,
+        end_ns: e,
+        tid: r.tid,
+        id: r.id,
+        wall_ns: wall,
+        parts: p,
+        migrations,
+        cuda_device_sync_ns,
+        llc_misses: llc.then_some(misses),
+        instructions: llc.then_some(instr),
+    }
+}
+
+fn group(items: &[&RequestDetail]) -> Group {
+    let n = items.len().max(1) as f64;
+    let parts: Vec<&Breakdown> = items.iter().map(|d| &d.parts).collect();
+    let misses: Option<f64> = items.iter().map(|d| d.llc_misses).sum();
+    let instr: Option<f64> = items.iter().map(|d| d.instructions).sum();
+    Group {
+        requests: items.len(),
+        wall_ns_mean: items.iter().map(|d| d.wall_ns as f64).sum::<f64>() / n,
+        mean: Breakdown::mean(&parts),
+        migrations_mean: items.iter().map(|d| d.migrations as f64).sum::<f64>() / n,
+        cuda_device_sync_ns_mean: items.iter().map(|d| d.cuda_device_sync_ns).sum::<f64>() / n,
+        mpki: misses
+            .zip(instr)
+            .and_then(|(m, i)| (i > 0.0).then(|| m * 1000.0 / i)),
+    }
+}
+
+/// Nearest-rank quantile of sorted values.
+fn quantile(sorted: &[u64], q: f64) -> u64 {
+    let n = sorted.len();
+    sorted[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+}
+
+pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
+    let set: &RequestSet = rec.requests.as_ref()?;
+    let timelines = timeline::build(&rec.timeline.events, rec.start_ns, rec.end_ns);
+    let stalls = Stalls::build(&timelines);
+    let llc_mask = (1 << PerfSlot::LlcMisses as u32) | (1 << PerfSlot::Instructions as u32);
+    let llc = rec.counter_mask & llc_mask == llc_mask;
+    let mut migrations: HashMap<u32, Vec<u64>> = HashMap::new();
+    for ev in &rec.timeline.events {
+        if EventKind::try_from(ev.kind) == Ok(EventKind::Migrate) {
+            migrations.entry(ev.tid).or_default().push(ev.ts_ns);
+        }
+    }
+    let mut slices: HashMap<u32, Vec<(u64, u64, u64, u64)>> = HashMap::new();
+    if llc {
+        for sl in &rec.timeline.slices {
+            slices.entry(sl.tid).or_default().push((
+                sl.start_ns,
+                sl.ts_ns,
+                sl.values[PerfSlot::LlcMisses as usize],
+                sl.values[PerfSlot::Instructions as usize],
+            ));
+        }
+    }
+    let mut syncs: HashMap<u32, Vec<&CudaSpan>> = HashMap::new();
+    for c in &rec.cuda_syncs {
+        syncs.entry(c.tid).or_default().push(c);
+    }
+    let empty: Vec<Interval> = Vec::new();
+    let mut views: HashMap<u32, ThreadView> = HashMap::new();
+    let mut details: Vec<RequestDetail> = Vec::with_capacity(set.spans.len());
+    // Spans come in order of their end: each thread's previous end is the last one seen.
+    let mut last_end: HashMap<u32, u64> = HashMap::new();
+    for r in &set.spans {
+        let v = views.entry(r.tid).or_insert_with(|| {
+            let mut sy = syncs.remove(&r.tid).unwrap_or_default();
+            sy.sort_by_key(|c| c.start_ns);
+            let mut mi = migrations.remove(&r.tid).unwrap_or_default();
+            mi.sort_unstable();
+            let mut sl = slices.remove(&r.tid).unwrap_or_default();
+            sl.sort_unstable();
+            ThreadView {
+                intervals: timelines.get(&r.tid).map_or(&empty, |t| &t.intervals),
+                syncs: sy,
+                migrations: mi,
+                slices: sl,
+            }
+        });
+        let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
+        details.push(decompose(r, v, &stalls, busy_until, llc));
+    }
+    let n = details.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (details[i].wall_ns, i));
+    let walls: Vec<u64> = order.iter().map(|&i| details[i].wall_ns).collect();
+    let (p50, p90, p99, max) = if n > 0 {
+        (
+            quantile(&walls, 0.5),
+            quantile(&walls, 0.9),
+            quantile(&walls, 0.99),
+            walls[n - 1],
+        )
+    } else {
+        (0, 0, 0, 0)
+    };
+    let closure: Vec<f64> = details
+        .iter()
+        .map(|d| d.parts.uncovered_ns / d.wall_ns.max(1) as f64)
+        .collect();
+    // The tail: at or above p99, and at least the 5 slowest when there are 50 requests or
+    // more, so one outlier does not make the whole story.
+    let tail_from = walls.partition_point(|&w| w < p99);
+    let tail_from = if n >= 50 {
+        tail_from.min(n - 5)
+    } else {
+        tail_from
+    };
+    let tail_idx: Vec<usize> = order[tail_from.min(n)..].to_vec();
+    let (m0, m1) = (
+        (n as f64 * 0.4) as usize,
+        ((n as f64 * 0.6) as usize).max(1),
+    );
+    let median_idx: Vec<usize> = order[m0.min(n)..m1.min(n)].to_vec();
+    let pick =
+        |idx: &[usize]| -> Vec<&RequestDetail> { idx.iter().map(|&i| &details[i]).collect() };
+    let (median, tail) = (group(&pick(&median_idx)), group(&pick(&tail_idx)));
+    let jitter_ratio = if p50 > 0 {
+        p99 as f64 / p50 as f64
+    } else {
+        0.0
+    };
+    let slowest = order
+        .iter()
+        .rev()
+        .take(5)
+        .map(|&i| details[i].clone())
+        .collect();
+    Some(RequestAnalysis {
+        source: set.source,
+        requests: n,
+        unpaired: set.unpaired,
+        p50_ns: p50,
+        p90_ns: p90,
+        p99_ns: p99,
+        max_ns: max,
+        jitter_ratio,
+        jitter: n >= MIN_REQUESTS
+            && (jitter_ratio >= JITTER_RATIO
+                || jitter_ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
+            && p99.saturating_sub(p50) >= JITTER_FLOOR_NS,
+        closure_error_max: closure.iter().copied().fold(0.0, f64::max),
+        closure_within_5pct: if n > 0 {
+            closure.iter().filter(|&&c| c <= 0.05).count() as f64 / n as f64
+        } else {
+            1.0
+        },
+        excess: tail.mean.minus(&median.mean),
+        excess_ns: tail.wall_ns_mean - median.wall_ns_mean,
+        median,
+        tail,
+        slowest,
+    })
+}

@@ -1,0 +1,298 @@
+//! Causes from the impediments over the window, for when there are no requests to compare (or
+//! their latency is steady): how much of the time the threads wanted a CPU they lost, and to
+//! what; the GPU's state while they waited on it; their MPKI against their own baseline.
+
+use super::{Cause, Primary, gpu_mechanism, ms, pct, throttle_evidence, throttled};
+use crate::{analysis::summary::Summary, recording::waits::WaitClasses};
+
+/// Run-queue contention worth naming: 10 % of the time the threads wanted a CPU. Below that,
+/// CFS on a busy machine is doing its job; above it, a request of 1 ms runs at 0.9x speed or
+/// worse on average and its tail much worse.
+pub const CONTENTION_MIN: f64 = 0.10;
+/// Waiting on an idle CPU while the cgroup throttled: 2 % of the wanted time.
+pub const THROTTLE_MIN: f64 = 0.02;
+/// Forced migrations (moves while waiting) per second per busy thread. Load balancing moves a
+/// thread a few times a second; dozens per second means something keeps moving it.
+pub const MIGRATION_RATE_MIN: f64 = 20.0;
+/// A thread waiting on the GPU for at least 20 % of its busy time (on a CPU, waiting for one,
+/// or in CUDA synchronization), while the GPU was >= 85 % busy. Busy time, not wall time: a
+/// server idle between requests still has every request slowed.
+pub const GPU_SYNC_MIN: f64 = 0.20;
+pub const GPU_BUSY_PCT: f64 = 85.0;
+/// A thread's MPKI is elevated in a bin at twice its median bin (and >= 1), in 10 % of bins.
+pub const MPKI_ELEVATION: f64 = 2.0;
+pub const MPKI_ELEVATED_BINS_MIN: f64 = 0.10;
+/// A thread counts as busy at 5 % on-CPU over the window.
+const BUSY_SHARE: f64 = 0.05;
+
+struct Lost {
+    cause: Cause,
+    ns: f64,
+}
+
+pub fn causes(s: &Summary) -> Vec<Cause> {
+    let t = &s.totals;
+    let wanted = (t.oncpu_ns + t.runq_wait_ns).max(1) as f64;
+    let c: &WaitClasses = &t.wait_classes;
+    let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns) as f64;
+    // The wait classes come from the timeline; the kernel's total is exact even if events
+    // were lost, so they are scaled to it.
+    let scale = if classified > 0.0 {
+        t.runq_wait_ns as f64 / classified
+    } else {
+        0.0
+    };
+    let secs = (s.duration_ns as f64 / 1e9).max(1e-3);
+    let busy = s
+        .threads
+        .iter()
+        .filter(|th| th.oncpu_ns as f64 >= BUSY_SHARE * s.duration_ns as f64)
+        .count()
+        .max(1) as f64;
+    // Who held the CPU while the threads waited, integrated by the kernel per CPU: the idle
+    // task (the CPU was free but the thread could not run: throttling, or a slow wakeup), the
+    // migration stopper (the cost of forced moves), or other tasks (contention).
+    let share_of = |f: &dyn Fn(&crate::analysis::summary::PreemptorProcess) -> bool| -> f64 {
+        s.preemptor_processes
+            .iter()
+            .filter(|p| f(p))
+            .map(|p| p.wait_share)
+            .sum()
+    };
+    let idle_share = share_of(&|p| p.tgid == 0);
+    let stopper_share = share_of(&|p| p.comm.starts_with("migration/"));
+    let runq = t.runq_wait_ns as f64;
+    let attributed = !s.preemptor_processes.is_empty();
+    let idle_ns = runq * idle_share;
+    let stopper_ns = runq * stopper_share;
+    let migration_wait_ns = c.migration_ns as f64 * scale;
+    let contention_ns = if attributed {
+        runq * (1.0 - idle_share - stopper_share)
+    } else {
+        runq
+    };
+    // Waits after a forced move are charged to whoever ran on the new CPU; they count as
+    // migrations, not contention.
+    let contention_ns = (contention_ns - migration_wait_ns).max(0.0);
+    let mut lost: Vec<Lost> = Vec::new();
+
+    if contention_ns / wanted >= CONTENTION_MIN {
+        let top = super::top_preemptor(s);
+        let own = top.is_some_and(|p| p.same_process);
+        lost.push(Lost {
+            ns: contention_ns,
+            cause: Cause {
+                cause: Primary::Scheduling,
+                mechanism: super::contention_mechanism(top),
+                share: 0.0,
+                evidence: format!(
+                    "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {:.1} s){}",
+                    pct(contention_ns / wanted, ""),
+                    ms(contention_ns),
+                    secs,
+                    top.map_or(String::new(), |p| format!("; {} caused {} of the waiting", p.comm, pct(p.wait_share, "")))
+                ),
+                advice: if own {
+                    "Run fewer busy threads than the CPUs the server has (thread pools, OMP_NUM_THREADS).".into()
+                } else {
+                    "Give the server CPUs of its own (cpuset, taskset) or move the other work off them.".into()
+                },
+            },
+        });
+    }
+
+    if throttled(s) && idle_ns / wanted >= THROTTLE_MIN {
+        lost.push(Lost {
+            ns: idle_ns,
+            cause: Cause {
+                cause: Primary::Scheduling,
+                mechanism: "cgroup CPU throttling".into(),
+                share: 0.0,
+                evidence: format!(
+                    "runnable while their CPU idled for {} ({} of the wanted time); {}",
+                    ms(idle_ns),
+                    pct(idle_ns / wanted, ""),
+                    throttle_evidence(s)
+                ),
+                advice: "Raise the cgroup's CPU quota (cpu.max, cpu.cfs_quota_us) above the server's peak use, or lift it.".into(),
+            },
+        });
+    } else if idle_ns / wanted >= CONTENTION_MIN {
+        lost.push(Lost {
+            ns: idle_ns,
+            cause: Cause {
+                cause: Primary::Scheduling,
+                mechanism: "wakeup latency of idle CPUs".into(),
+                share: 0.0,
+                evidence: format!(
+                    "runnable while their CPU idled for {} ({} of the wanted time), with no cgroup throttling seen",
+                    ms(idle_ns),
+                    pct(idle_ns / wanted, "")
+                ),
+                advice: "Idle CPUs are slow to wake (deep C-states, or a VM's vCPU descheduled): limit C-states or keep the CPUs polling.".into(),
+            },
+        });
+    }
+
+    let forced_rate = c.migration_waits as f64 / secs / busy;
+    if forced_rate >= MIGRATION_RATE_MIN {
+        let ns = migration_wait_ns + stopper_ns;
+        lost.push(Lost {
+            ns: ns.max(1.0),
+            cause: Cause {
+                cause: Primary::Scheduling,
+                mechanism: "migrations".into(),
+                share: 0.0,
+                evidence: format!(
+                    "{forced_rate:.0} forced moves per second per busy thread ({} migrations in all: {} same-LLC, {} cross-LLC, {} cross-NUMA); {} waiting after moves and behind the migration stopper",
+                    t.migrations,
+                    t.migrations_same_llc + t.migrations_same_core,
+                    t.migrations_cross_llc,
+                    t.migrations_cross_numa,
+                    ms(ns)
+                ),
+                advice: "Pin the server's threads (taskset, cpuset) and find what keeps changing their affinity or rebalancing them.".into(),
+            },
+        });
+    }
+
+    let util = super::target_gpu_util(s);
+    if let Some(u) = util
+        && u >= GPU_BUSY_PCT
+        && s.cuda.max_thread_sync_busy_share >= GPU_SYNC_MIN
+    {
+        lost.push(Lost {
+            ns: s.cuda.sync_ns as f64,
+            cause: Cause {
+                cause: Primary::GpuSaturation,
+                advice: super::gpu_advice(&gpu_mechanism(s, None)),
+                mechanism: gpu_mechanism(s, None),
+                share: 0.0,
+                evidence: format!(
+                    "GPU {u:.0}% busy; a thread spent {} of its busy time waiting in CUDA synchronization ({} calls, {} in all)",
+                    pct(s.cuda.max_thread_sync_busy_share, ""),
+                    s.cuda.sync_calls,
+                    ms(s.cuda.sync_ns as f64)
+                ),
+            },
+        });
+    }
+
+    if let Some((ns, evidence)) = cache_loss(s) {
+        lost.push(Lost {
+            ns,
+            cause: Cause {
+                cause: Primary::CacheThrash,
+                mechanism: "LLC misses".into(),
+                share: 0.0,
+                evidence,
+                advice: "Something evicts the server's cache: move the neighbour off its LLC, or partition the LLC (resctrl/CAT).".into(),
+            },
+        });
+    }
+
+    let total: f64 = lost.iter().map(|l| l.ns).sum::<f64>().max(1.0);
+    lost.into_iter()
+        .map(|l| Cause {
+            share: l.ns / total,
+            ..l.cause
+        })
+        .collect()
+}
+
+/// Time lost to cache misses, estimated per busy thread from its counter bins: in bins where
+/// its MPKI is at least twice its median, the cycles beyond what its median IPC would have
+/// needed.
+fn cache_loss(s: &Summary) -> Option<(f64, String)> {
+    if !s.capabilities.pmu.llc_available {
+        return None;
+    }
+    let (mut lost_ns, mut elevated, mut bins_all) = (0.0, 0usize, 0usize);
+    let (mut worst_ratio, mut worst) = (0.0f64, String::new());
+    for th in &s.threads {
+        let bins: Vec<(f64, f64, u64)> = th
+            .counter_bins
+            .iter()
+            .filter_map(|b| Some((b.values.mpki?, b.values.ipc?, b.values.cycles?)))
+            .collect();
+        if bins.len() < 10 {
+            continue;
+        }
+        let mut m: Vec<f64> = bins.iter().map(|b| b.0).collect();
+        m.sort_by(f64::total_cmp);
+        let median_mpki = m[m.len() / 2];
+        let mut ipcs: Vec<f64> = bins.iter().map(|b| b.1).collect();
+        ipcs.sort_by(f64::total_cmp);
+        let median_ipc = ipcs[ipcs.len() / 2];
+        let hot: Vec<&(f64, f64, u64)> = bins
+            .iter()
+            .filter(|b| b.0 >= 1.0 && b.0 >= MPKI_ELEVATION * median_mpki)
+            .collect();
+        bins_all += bins.len();
+        elevated += hot.len();
+        if (hot.len() as f64) < MPKI_ELEVATED_BINS_MIN * bins.len() as f64 {
+            continue;
+        }
+        // ns per cycle of this thread, from its on-CPU time.
+        let cycles: u64 = bins.iter().map(|b| b.2).sum();
+        let ns_per_cycle = th.oncpu_ns as f64 / cycles.max(1) as f64;
+        for b in &hot {
+            if median_ipc > 0.0 && b.1 < median_ipc {
+                lost_ns += b.2 as f64 * (1.0 - b.1 / median_ipc) * ns_per_cycle;
+            }
+        }
+        let hot_mpki = hot.iter().map(|b| b.0).sum::<f64>() / hot.len() as f64;
+        if hot_mpki / median_mpki.max(1e-3) > worst_ratio {
+            worst_ratio = hot_mpki / median_mpki.max(1e-3);
+            worst = format!(
+                "{} ({}): {hot_mpki:.1} MPKI in its worst bins vs {median_mpki:.1} median",
+                th.comm, th.tid
+            );
+        }
+    }
+    let wanted = (s.totals.oncpu_ns + s.totals.runq_wait_ns).max(1) as f64;
+    (lost_ns / wanted >= 0.05).then(|| {
+        (
+            lost_ns,
+            format!(
+                "MPKI at least {MPKI_ELEVATION}x the thread's median in {elevated} of {bins_all} bins; {worst}; about {} of on-CPU time lost to the misses",
+                ms(lost_ns)
+            ),
+        )
+    })
+}
+
+/// What bounds throughput, by the rules of thumb: a busy GPU with few LLC misses is GPU-bound;
+/// many LLC misses with an idle GPU is memory-bound; a busy CPU thread with an idle GPU is
+/// host-bound.
+pub fn bound(s: &Summary) -> Option<String> {
+    let util = super::target_gpu_util(s)?;
+    let mpki = s.counters.totals.mpki;
+    let busiest = s.threads.iter().max_by_key(|t| t.oncpu_ns).map(|t| {
+        (
+            t.comm.clone(),
+            t.oncpu_ns as f64 / s.duration_ns.max(1) as f64,
+        )
+    });
+    if util >= GPU_BUSY_PCT && mpki.is_none_or(|m| m < 10.0) {
+        return Some(format!("GPU-bound: the GPU was {util:.0}% busy"));
+    }
+    if util < 30.0 {
+        if let Some(m) = mpki
+            && m >= 10.0
+        {
+            return Some(format!(
+                "memory-bound on the host: {m:.1} LLC MPKI with the GPU {util:.0}% busy"
+            ));
+        }
+        if let Some((comm, share)) = busiest
+            && share >= 0.8
+        {
+            return Some(format!(
+                "host-bound: {comm} was on a CPU {} of the time while the GPU was {util:.0}% busy",
+                pct(share, "")
+            ));
+        }
+    }
+    None
+}

@@ -1,0 +1,532 @@
+//! The verdict on recordings built by hand, one per cause and mixed, through the whole
+//! analysis (timeline, request decomposition, summary, verdict).
+
+use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot};
+
+use super::*;
+use crate::{
+    analysis::{
+        summary::summarize,
+        testutil::{recording, thread},
+        timeline::{self, State},
+    },
+    recording::{
+        CgroupRecording, CudaSpan, CudaTotals, PreemptorRecord, Recording,
+        gpu::{GpuDevice, GpuRecording, UtilKind, UtilSample},
+        requests::{RequestSet, RequestSource, RequestSpan},
+        waits::WaitTracker,
+    },
+    sources::cgroup::{CgroupSample, CgroupVersion, CpuCgroup, Throttling},
+};
+
+const MS: u64 = 1_000_000;
+const TID: u32 = 10;
+const HOG: u32 = 99;
+
+#[derive(Clone, Copy)]
+enum Part {
+    Run(u64),
+    /// Preempted for this long; `prev` had the CPU last; `moved`: migrated while waiting.
+    Wait {
+        ns: u64,
+        prev: u32,
+        moved: bool,
+    },
+    /// Blocked in a CUDA synchronize.
+    Gpu(u64),
+}
+
+use Part::*;
+
+/// A serving thread and its requests, as the probes would have recorded them.
+struct Server {
+    events: Vec<Event>,
+    spans: Vec<RequestSpan>,
+    syncs: Vec<CudaSpan>,
+    slices: Vec<tracer_common::CounterSlice>,
+    t: u64,
+    cpu: u32,
+    /// LLC misses per 1000 instructions of the `Run` parts of the next request (with a PMU).
+    mpki: Option<u64>,
+    /// The CUDA function of the `Gpu` parts (`CudaFn`).
+    sync_fn: CudaFn,
+}
+
+impl Server {
+    fn new() -> Self {
+        Self {
+            events: vec![],
+            spans: vec![],
+            syncs: vec![],
+            slices: vec![],
+            t: 10 * MS,
+            cpu: 0,
+            mpki: None,
+            sync_fn: CudaFn::RtStreamSynchronize,
+        }
+    }
+
+    fn ev(&mut self, ts: u64, kind: EventKind, aux: u32, value: u64) {
+        self.events.push(Event {
+            ts_ns: ts,
+            tid: TID,
+            kind: kind as u32,
+            cpu: self.cpu,
+            aux,
+            value,
+        });
+    }
+
+    fn run(&mut self, ns: u64) {
+        if let Some(mpki) = self.mpki {
+            let instructions = ns * 2; // 2 instructions per ns
+            let mut values = [0u64; PERF_SLOTS];
+            values[PerfSlot::Instructions as usize] = instructions;
+            values[PerfSlot::LlcMisses as usize] = instructions * mpki / 1000;
+            values[PerfSlot::Cycles as usize] = ns * 3;
+            self.slices.push(tracer_common::CounterSlice {
+                ts_ns: self.t + ns,
+                tid: TID,
+                kind: EventKind::CounterSlice as u32,
+                cpu: self.cpu,
+                valid: (1 << PerfSlot::Instructions as u32)
+                    | (1 << PerfSlot::LlcMisses as u32)
+                    | (1 << PerfSlot::Cycles as u32),
+                start_ns: self.t,
+                values,
+            });
+        }
+        self.t += ns;
+    }
+
+    /// One request: woken, on a CPU 20 us later, through `parts`, then blocked until the next.
+    fn request(&mut self, parts: &[Part]) {
+        let start = self.t;
+        self.ev(start, EventKind::Wakeup, 1, 0);
+        self.t += 20_000;
+        self.ev(self.t, EventKind::SwitchIn, 5, 20_000);
+        for &p in parts {
+            match p {
+                Run(ns) => self.run(ns),
+                Wait { ns, prev, moved } => {
+                    self.ev(self.t, EventKind::SwitchOut, 1, 0);
+                    if moved {
+                        self.cpu ^= 1;
+                        self.ev(self.t + 1, EventKind::Migrate, self.cpu ^ 1, 0);
+                    }
+                    self.t += ns;
+                    self.ev(self.t, EventKind::SwitchIn, prev, ns);
+                }
+                Gpu(ns) => {
+                    self.syncs.push(CudaSpan {
+                        tid: TID,
+                        start_ns: self.t,
+                        end_ns: self.t + ns,
+                        function: self.sync_fn as u32,
+                    });
+                    self.ev(self.t, EventKind::SwitchOut, 0, 0);
+                    self.t += ns;
+                    self.ev(self.t, EventKind::Wakeup, 1, 0);
+                    self.ev(self.t, EventKind::SwitchIn, 5, 1);
+                }
+            }
+        }
+        self.ev(self.t, EventKind::SwitchOut, 0, 0);
+        self.spans.push(RequestSpan {
+            start_ns: start,
+            end_ns: self.t,
+            tid: TID,
+            id: None,
+        });
+        self.t += 2 * MS;
+    }
+
+    /// `n` requests, of which every `every`-th (from the 5th) is `slow`, the rest `normal`.
+    fn serve(&mut self, n: usize, every: usize, normal: &[Part], slow: &[Part]) {
+        for i in 0..n {
+            self.request(if i % every == 4 { slow } else { normal });
+        }
+    }
+
+    fn finish(self, preemptors: Vec<PreemptorRecord>) -> Recording {
+        let (start, end) = (0, self.t + MS);
+        let tl = timeline::build(&self.events, start, end);
+        let t = &tl[&TID];
+        let waits: Vec<u64> = t.waits.iter().map(|w| w.0).collect();
+        let mut th = thread(
+            TID,
+            t.total(State::Running),
+            t.total(State::Runnable),
+            &waits,
+        );
+        th.blocked_ns = t.total(State::Blocked);
+        th.migrations = t.migrations;
+        let mut tracker = WaitTracker::default();
+        for ev in &self.events {
+            if let Some(w) = tracker.on_event(ev)
+                && ev.value > 1
+            {
+                th.wait_classes.add(w.kind, ev.value);
+            }
+        }
+        if !self.syncs.is_empty() {
+            let sync_ns = self.syncs.iter().map(|s| s.end_ns - s.start_ns).sum();
+            th.cuda = Some(CudaTotals {
+                launches: 0,
+                sync_calls: self.syncs.len() as u64,
+                sync_ns,
+                sync_max_ns: 0,
+            });
+        }
+        let mut rec = recording(vec![th], preemptors);
+        rec.start_ns = start;
+        rec.end_ns = end;
+        rec.timeline.events = self.events;
+        rec.timeline.slices = self.slices;
+        rec.cuda_syncs = self.syncs;
+        rec.requests = Some(RequestSet {
+            source: RequestSource::Markers,
+            spans: self.spans,
+            unpaired: 0,
+        });
+        rec
+    }
+}
+
+fn hog(wait_ns: u64) -> PreemptorRecord {
+    PreemptorRecord {
+        pid: HOG,
+        tgid: HOG,
+        comm: "cpu-hog".into(),
+        process_comm: Some("cpu-hog".into()),
+        wait_ns,
+        slices: 10,
+    }
+}
+
+fn with_pmu(rec: &mut Recording) {
+    rec.capabilities.pmu.available = true;
+    rec.capabilities.pmu.llc_available = true;
+    rec.counter_mask = (1 << PerfSlot::Instructions as u32)
+        | (1 << PerfSlot::LlcMisses as u32)
+        | (1 << PerfSlot::Cycles as u32);
+}
+
+fn with_gpu(rec: &mut Recording, util: f64) {
+    rec.capabilities.gpu.available = true;
+    rec.capabilities.gpu.cuda.available = true;
+    rec.gpu = Some(GpuRecording {
+        devices: vec![GpuDevice {
+            index: 0,
+            name: "H200".into(),
+            uuid: "GPU-x".into(),
+            gpm_supported: false,
+            used_by_target: true,
+        }],
+        util_samples: vec![UtilSample {
+            device: 0,
+            kind: UtilKind::Gpu,
+            start_ns: rec.start_ns,
+            end_ns: rec.end_ns,
+            pct: util,
+        }],
+        ..Default::default()
+    });
+}
+
+fn throttled_cgroup(rec: &mut Recording) {
+    let sample = |t_ns: u64, n: u64| CgroupSample {
+        t_ns,
+        throttling: Throttling {
+            nr_periods: n * 10,
+            nr_throttled: n * 5,
+            throttled_ns: n * 40 * MS,
+        },
+    };
+    rec.cgroup = Some(CgroupRecording {
+        cgroup: CpuCgroup {
+            version: CgroupVersion::V2,
+            path: "/sys/fs/cgroup/server".into(),
+            limits: vec![],
+            throttling: None,
+        },
+        samples: vec![sample(rec.start_ns, 0), sample(rec.end_ns, 3)],
+    });
+}
+
+fn verdict(rec: &Recording) -> Verdict {
+    summarize(rec).verdict
+}
+
+const NORMAL: [Part; 1] = [Run(MS)];
+
+#[test]
+fn steady_requests_give_none() {
+    let mut s = Server::new();
+    s.serve(200, 1000, &NORMAL, &NORMAL);
+    let v = verdict(&s.finish(vec![]));
+    assert_eq!(v.primary, Primary::None, "{v:?}");
+    assert!(
+        v.headline.starts_with("No significant jitter"),
+        "{}",
+        v.headline
+    );
+    // What was not measured is said, not taken for absent.
+    assert!(v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
+    assert!(v.not_assessed.iter().any(|n| n.signal == "gpu"));
+}
+
+#[test]
+fn waits_behind_another_task_are_contention() {
+    let mut s = Server::new();
+    let slow = [
+        Run(MS / 2),
+        Wait {
+            ns: 5 * MS,
+            prev: HOG,
+            moved: false,
+        },
+        Run(MS / 2),
+    ];
+    s.serve(200, 20, &NORMAL, &slow);
+    let v = verdict(&s.finish(vec![hog(50 * MS)]));
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    assert_eq!(v.basis, Basis::TailExcess);
+    let top = &v.causes[0];
+    assert!(top.mechanism.contains("cpu-hog"), "{}", top.mechanism);
+    assert!(top.share > 0.9, "{}", top.share);
+}
+
+#[test]
+fn waits_on_an_idle_cpu_in_a_throttled_cgroup_are_throttling() {
+    let mut s = Server::new();
+    let slow = [
+        Run(MS / 2),
+        Wait {
+            ns: 5 * MS,
+            prev: 0,
+            moved: false,
+        },
+        Run(MS / 2),
+    ];
+    s.serve(200, 20, &NORMAL, &slow);
+    let mut rec = s.finish(vec![]);
+    throttled_cgroup(&mut rec);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    assert_eq!(v.causes[0].mechanism, "cgroup CPU throttling");
+    // Without throttling, the same waits are a slow wakeup, not throttling.
+    rec.cgroup = None;
+    let v = verdict(&rec);
+    assert_eq!(v.causes[0].mechanism, "wakeup latency of idle CPUs");
+}
+
+#[test]
+fn waits_after_forced_moves_are_migrations() {
+    let mut s = Server::new();
+    let slow = [
+        Run(MS / 2),
+        Wait {
+            ns: 3 * MS,
+            prev: HOG,
+            moved: true,
+        },
+        Run(MS / 2),
+    ];
+    s.serve(200, 20, &NORMAL, &slow);
+    let v = verdict(&s.finish(vec![hog(30 * MS)]));
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    assert_eq!(v.causes[0].mechanism, "migrations");
+}
+
+/// Tail requests run three times longer; with `mpki_tail`, their LLC MPKI.
+fn slower_on_cpu(pmu: bool, mpki_tail: u64) -> Recording {
+    let mut s = Server::new();
+    for i in 0..200 {
+        let slow = i % 20 == 4;
+        if pmu {
+            s.mpki = Some(if slow { mpki_tail } else { 2 });
+        }
+        s.request(&[Run(if slow { 3 * MS } else { MS })]);
+    }
+    let mut rec = s.finish(vec![]);
+    if pmu {
+        with_pmu(&mut rec);
+    }
+    rec
+}
+
+#[test]
+fn longer_on_cpu_time_with_llc_misses_is_cache_thrash() {
+    let v = verdict(&slower_on_cpu(true, 20));
+    assert_eq!(v.primary, Primary::CacheThrash, "{v:?}");
+    assert_eq!(v.causes[0].mechanism, "LLC misses");
+    assert!(!v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
+}
+
+#[test]
+fn longer_on_cpu_time_with_unchanged_misses_is_not_cache_thrash() {
+    let v = verdict(&slower_on_cpu(true, 2));
+    assert_eq!(v.primary, Primary::Unexplained, "{v:?}");
+    assert!(v.causes[0].mechanism.contains("cache misses unchanged"));
+}
+
+#[test]
+fn without_a_pmu_cache_thrash_is_unexplained_and_not_assessed() {
+    let v = verdict(&slower_on_cpu(false, 0));
+    assert_eq!(v.primary, Primary::Unexplained, "{v:?}");
+    assert!(v.causes[0].mechanism.contains("not measured"));
+    assert!(v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
+    assert!(v.headline.starts_with("Unexplained"), "{}", v.headline);
+}
+
+#[test]
+fn gpu_waits_on_a_busy_gpu_are_gpu_saturation() {
+    let mut s = Server::new();
+    s.serve(200, 20, &[Run(MS), Gpu(MS / 5)], &[Run(MS), Gpu(6 * MS)]);
+    let mut rec = s.finish(vec![]);
+    with_gpu(&mut rec, 95.0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
+    assert!(
+        v.causes[0].mechanism.starts_with("SM saturation (GPU 95%"),
+        "{}",
+        v.causes[0].mechanism
+    );
+    assert_eq!(
+        v.bound.as_deref().map(|b| b.starts_with("GPU-bound")),
+        Some(true)
+    );
+}
+
+#[test]
+fn gpu_waits_in_device_wide_synchronize_are_sync_stalls() {
+    let mut s = Server::new();
+    s.sync_fn = CudaFn::RtDeviceSynchronize;
+    s.serve(200, 20, &[Run(MS), Gpu(MS / 5)], &[Run(MS), Gpu(6 * MS)]);
+    let mut rec = s.finish(vec![]);
+    with_gpu(&mut rec, 60.0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
+    assert!(
+        v.causes[0].mechanism.starts_with("synchronization stalls"),
+        "{}",
+        v.causes[0].mechanism
+    );
+}
+
+#[test]
+fn a_gpu_busy_with_other_processes_is_named() {
+    let mut s = Server::new();
+    s.serve(200, 20, &[Run(MS), Gpu(MS / 5)], &[Run(MS), Gpu(6 * MS)]);
+    let mut rec = s.finish(vec![]);
+    with_gpu(&mut rec, 98.0);
+    let g = rec.gpu.as_mut().unwrap();
+    let own = UtilSample {
+        kind: UtilKind::ProcessSm,
+        pct: 30.0,
+        ..g.util_samples[0]
+    };
+    g.util_samples.push(own);
+    let v = verdict(&rec);
+    assert!(
+        v.causes[0]
+            .mechanism
+            .starts_with("SM saturation by other processes"),
+        "{}",
+        v.causes[0].mechanism
+    );
+}
+
+#[test]
+fn in_mixed_cases_the_larger_cause_ranks_first() {
+    let wait = |ns| Wait {
+        ns,
+        prev: HOG,
+        moved: false,
+    };
+    for (wait_ms, gpu_ms, first) in [(4, 1, Primary::Scheduling), (1, 4, Primary::GpuSaturation)] {
+        let mut s = Server::new();
+        s.serve(
+            200,
+            20,
+            &[Run(MS), Gpu(MS / 5)],
+            &[
+                Run(MS / 2),
+                wait(wait_ms * MS),
+                Run(MS / 2),
+                Gpu(MS / 5 + gpu_ms * MS),
+            ],
+        );
+        let mut rec = s.finish(vec![hog(40 * MS)]);
+        with_gpu(&mut rec, 95.0);
+        let v = verdict(&rec);
+        assert_eq!(
+            v.primary, first,
+            "{wait_ms} ms waiting, {gpu_ms} ms GPU: {v:?}"
+        );
+        assert_eq!(v.causes.len(), 2, "{v:?}");
+        let (a, b) = (&v.causes[0], &v.causes[1]);
+        assert!(a.share > b.share);
+        assert!(
+            (a.share - 0.8).abs() < 0.05 && (b.share - 0.2).abs() < 0.05,
+            "{a:?} {b:?}"
+        );
+    }
+}
+
+/// Window-level: no requests, only thread totals.
+fn window(on_ms: u64, rq_ms: u64, preemptors: Vec<PreemptorRecord>) -> Recording {
+    let mut t = thread(TID, on_ms * MS, rq_ms * MS, &[rq_ms * MS]);
+    t.wait_classes
+        .add(crate::recording::waits::WaitKind::Contention, rq_ms * MS);
+    let mut rec = recording(vec![t], preemptors);
+    rec.start_ns = 0;
+    rec.end_ns = 1000 * MS;
+    rec
+}
+
+#[test]
+fn without_requests_the_impediments_decide() {
+    let v = verdict(&window(600, 300, vec![hog(300 * MS)]));
+    assert_eq!(
+        (v.primary, v.basis),
+        (Primary::Scheduling, Basis::LostTime),
+        "{v:?}"
+    );
+    assert!(v.causes[0].mechanism.contains("cpu-hog"));
+    assert!(v.not_assessed.iter().any(|n| n.signal == "request_latency"));
+    // 2 % waiting is below the threshold.
+    let v = verdict(&window(980, 20, vec![hog(20 * MS)]));
+    assert_eq!(v.primary, Primary::None, "{v:?}");
+}
+
+#[test]
+fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
+    let mut rec = window(300, 0, vec![]);
+    rec.threads[0].cuda = Some(CudaTotals {
+        launches: 1000,
+        sync_calls: 100,
+        sync_ns: 500 * MS,
+        sync_max_ns: 10 * MS,
+    });
+    with_gpu(&mut rec, 97.0);
+    rec.threads[0].blocked_ns = 700 * MS;
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
+    // The same waits on a GPU at 40 %: not saturation.
+    with_gpu(&mut rec, 40.0);
+    assert_eq!(verdict(&rec).primary, Primary::None);
+    // A server idle most of the window (30 ms on a CPU, 30 ms waiting on the GPU in 1 s) is
+    // still slowed by a saturated GPU: the share is of its busy time.
+    let mut rec = window(30, 0, vec![]);
+    rec.threads[0].cuda = Some(CudaTotals {
+        launches: 100,
+        sync_calls: 30,
+        sync_ns: 30 * MS,
+        sync_max_ns: MS,
+    });
+    rec.threads[0].blocked_ns = 970 * MS;
+    with_gpu(&mut rec, 97.0);
+    assert_eq!(verdict(&rec).primary, Primary::GpuSaturation);
+}

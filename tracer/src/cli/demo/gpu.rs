@@ -1,0 +1,141 @@
+//! The GPU scenarios: a PyTorch inference server (the script embedded below) under another
+//! process saturating the GPU, or stalled by its own background GPU work. Its latency log
+//! supplies the requests (Python functions have no native symbol for a marker uprobe).
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::{BASELINE, DemoArgs, Outcome, Reaped, Scenario, latency_stats, outcome};
+use crate::{
+    cli::{load_latencies, runtime},
+    session::record,
+    sources::process::{Target, monotonic_ns},
+};
+
+static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
+
+/// Starts the script in `mode` and waits for its "ready" line (CUDA initialized, kernels warm).
+fn start(script: &PathBuf, args: &[String]) -> Result<Reaped> {
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting python3 (the GPU scenarios need python3 with PyTorch)")?;
+    let out = child.stdout.take().context("the script's stdout")?;
+    let mut child = Reaped(child);
+    let mut lines = BufReader::new(out).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.trim() == "ready" => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let status = child.0.wait()?;
+                bail!(
+                    "the GPU workload ({}) exited before it was ready: {status}",
+                    args[0]
+                );
+            }
+        }
+    }
+    // Keep draining its output so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
+}
+
+fn check_torch() -> Result<()> {
+    let ok = Command::new("python3")
+        .args([
+            "-c",
+            "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match ok {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) if s.code() == Some(3) => {
+            bail!("PyTorch sees no CUDA GPU here: the GPU scenarios run on a machine with one")
+        }
+        _ => bail!(
+            "the GPU scenarios need python3 with PyTorch built for CUDA (pip install torch), \
+             and an NVIDIA GPU"
+        ),
+    }
+}
+
+pub fn run(args: &DemoArgs) -> Result<Outcome> {
+    check_torch()?;
+    let say = |msg: String| {
+        if !args.record.quiet {
+            eprintln!("demo: {msg}");
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("tracer-demo-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join("gpu_server.py");
+    std::fs::write(&script, SCRIPT)?;
+    let log = dir.join("requests.jsonl");
+    let total = BASELINE + args.duration + Duration::from_secs(2);
+    let mut serve = vec![
+        "serve".to_string(),
+        format!("--duration={}", total.as_secs_f64()),
+        format!("--log={}", log.display()),
+    ];
+    if args.scenario == Scenario::GpuSyncStall {
+        serve.push(format!("--stall-after={}", BASELINE.as_secs_f64()));
+    }
+    let server = start(&script, &serve)?;
+    let pid = server.0.id();
+    let ready = monotonic_ns();
+    say(format!(
+        "scenario {}: a PyTorch inference server (PID {pid}): 100 requests/s, an 8-layer MLP \
+         forward pass and a device-wide synchronize each",
+        args.scenario.name()
+    ));
+    std::thread::sleep(BASELINE);
+    let baseline_end = monotonic_ns();
+    let _hog = match args.scenario {
+        Scenario::GpuSaturation => {
+            let d = format!(
+                "--duration={}",
+                (args.duration + Duration::from_secs(1)).as_secs_f64()
+            );
+            let h = start(&script, &["hog".into(), d])?;
+            say(format!(
+                "injected: another process (PID {}) saturating the GPU with matmuls",
+                h.0.id()
+            ));
+            Some(h)
+        }
+        _ => {
+            say(
+                "injected: the server's own background thread queues bursts of large matmuls \
+                 every 200 ms, which its device-wide synchronize waits for"
+                    .into(),
+            );
+            None
+        }
+    };
+    let target = Target::resolve(pid)?;
+    let mut opts = args.record.session_options(Some(args.duration));
+    opts.keep_timeline = true;
+    let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    drop(_hog);
+    let mut server = server;
+    let _ = server.0.wait();
+    let loaded = load_latencies(&mut rec, &log);
+    let spans = super::read_log(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    loaded?;
+    let baseline = latency_stats(&spans, ready + 500_000_000, baseline_end);
+    let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
+    Ok(outcome(args.scenario, rec, baseline, recorded))
+}

@@ -1,0 +1,74 @@
+//! The demo's scenarios: one injected cause each, with the verdict it must produce.
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::analysis::verdict::{Primary, Verdict};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Nothing injected: the baseline. Expected: none.
+    Quiet,
+    /// CPU hogs on the server's CPU. Expected: scheduling (run-queue contention).
+    CpuContention,
+    /// The server's cgroup under a CPU quota below its use. Expected: scheduling (cgroup
+    /// throttling).
+    CfsThrottle,
+    /// The server's threads moved between CPUs every ~2 ms. Expected: scheduling
+    /// (migrations).
+    MigrationStorm,
+    /// A neighbour streaming 256 MiB through the server's cache, at idle priority. Expected:
+    /// cache thrash with a PMU; without one, unexplained with cache misses not assessed.
+    CacheThrash,
+    /// A PyTorch server while another process saturates the GPU (GPU machine). Expected: GPU
+    /// saturation.
+    GpuSaturation,
+    /// A PyTorch server whose device-wide synchronize waits behind its own background GPU work
+    /// (GPU machine). Expected: GPU saturation.
+    GpuSyncStall,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Quiet => "quiet",
+            Self::CpuContention => "cpu-contention",
+            Self::CfsThrottle => "cfs-throttle",
+            Self::MigrationStorm => "migration-storm",
+            Self::CacheThrash => "cache-thrash",
+            Self::GpuSaturation => "gpu-saturation",
+            Self::GpuSyncStall => "gpu-sync-stall",
+        }
+    }
+
+    pub fn gpu(self) -> bool {
+        matches!(self, Self::GpuSaturation | Self::GpuSyncStall)
+    }
+
+    /// The verdict this scenario must give: the primary cause, and a word the top cause's
+    /// mechanism must contain. `pmu`: LLC counters were available.
+    pub fn expected(self, pmu: bool) -> (Primary, Option<&'static str>) {
+        match self {
+            Self::Quiet => (Primary::None, None),
+            Self::CpuContention => (Primary::Scheduling, Some("contention")),
+            Self::CfsThrottle => (Primary::Scheduling, Some("throttling")),
+            Self::MigrationStorm => (Primary::Scheduling, Some("migrations")),
+            Self::CacheThrash if pmu => (Primary::CacheThrash, Some("LLC")),
+            Self::CacheThrash => (Primary::Unexplained, None),
+            Self::GpuSaturation | Self::GpuSyncStall => (Primary::GpuSaturation, None),
+        }
+    }
+}
+
+/// Whether `v` is what `scenario` expects; without a PMU the cache thrash scenario must also
+/// list the cache counters as not assessed (a missing signal is never an absent cause).
+pub fn check(scenario: Scenario, v: &Verdict, pmu: bool) -> bool {
+    let (primary, mechanism) = scenario.expected(pmu);
+    let mechanism_ok =
+        mechanism.is_none_or(|m| v.causes.first().is_some_and(|c| c.mechanism.contains(m)));
+    let cache_ok = scenario != Scenario::CacheThrash
+        || pmu
+        || v.not_assessed.iter().any(|n| n.signal == "cache_misses");
+    v.primary == primary && mechanism_ok && cache_ok
+}

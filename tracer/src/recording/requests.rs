@@ -1,0 +1,278 @@
+//! Requests of the target: from its marker functions (uprobes, paired here) or from a latency
+//! log it wrote (parsed here, read by the CLI). Either way, spans on CLOCK_MONOTONIC with the
+//! thread that finished each request.
+
+use std::collections::HashMap;
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+use tracer_common::{Event, EventKind};
+
+/// One request: its start and end on CLOCK_MONOTONIC and the thread that served it (the one
+/// that ended it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSpan {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+}
+
+impl RequestSpan {
+    pub fn wall_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestSource {
+    /// Uprobes on the target's request-start and request-end functions.
+    Markers,
+    /// A latency log given with --latencies.
+    File,
+}
+
+/// The requests of a recording, and those that could not be used.
+#[derive(Debug, Clone)]
+pub struct RequestSet {
+    pub source: RequestSource,
+    /// Requests wholly inside the window, in order of their end.
+    pub spans: Vec<RequestSpan>,
+    /// Ends without a start (begun before the window) and starts without an end (still in
+    /// flight at its close), or, from a file, requests not wholly inside the window.
+    pub unpaired: u64,
+}
+
+/// Pairs marker calls into requests: by request id when the markers carry one (a request may
+/// start on one thread and end on another), else per thread, the innermost open start.
+#[derive(Debug, Default)]
+pub struct Pairing {
+    by_id: HashMap<u64, u64>,
+    by_thread: HashMap<u32, Vec<u64>>,
+    pub spans: Vec<RequestSpan>,
+    unmatched_ends: u64,
+    /// Any marker call was seen.
+    pub seen: bool,
+}
+
+impl Pairing {
+    pub fn on_event(&mut self, ev: &Event) {
+        let has_id = ev.aux == 1;
+        match EventKind::try_from(ev.kind) {
+            Ok(EventKind::RequestStart) => {
+                self.seen = true;
+                if has_id {
+                    self.by_id.insert(ev.value, ev.ts_ns);
+                } else {
+                    self.by_thread.entry(ev.tid).or_default().push(ev.ts_ns);
+                }
+            }
+            Ok(EventKind::RequestEnd) => {
+                self.seen = true;
+                let start = if has_id {
+                    self.by_id.remove(&ev.value)
+                } else {
+                    self.by_thread.get_mut(&ev.tid).and_then(Vec::pop)
+                };
+                match start {
+                    Some(start_ns) => self.spans.push(RequestSpan {
+                        start_ns,
+                        end_ns: ev.ts_ns,
+                        tid: ev.tid,
+                        id: has_id.then_some(ev.value),
+                    }),
+                    None => self.unmatched_ends += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The requests that ended by `end_ns`.
+    pub fn finish(mut self, end_ns: u64) -> RequestSet {
+        let open = self.by_id.len() + self.by_thread.values().map(Vec::len).sum::<usize>();
+        let late = self.spans.iter().filter(|s| s.end_ns > end_ns).count();
+        self.spans.retain(|s| s.end_ns <= end_ns);
+        RequestSet {
+            source: RequestSource::Markers,
+            spans: self.spans,
+            unpaired: self.unmatched_ends + (open + late) as u64,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogLine {
+    #[serde(default)]
+    clock: Option<String>,
+    #[serde(default)]
+    start_ns: Option<u64>,
+    #[serde(default)]
+    end_ns: Option<u64>,
+    #[serde(default)]
+    tid: Option<u32>,
+    #[serde(default)]
+    id: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clock {
+    Monotonic,
+    Realtime,
+}
+
+fn parse_clock(s: &str) -> Result<Clock> {
+    match s {
+        "monotonic" => Ok(Clock::Monotonic),
+        "realtime" => Ok(Clock::Realtime),
+        other => bail!("unknown clock {other:?}: write \"monotonic\" or \"realtime\""),
+    }
+}
+
+/// Parses a latency log: JSON lines `{"start_ns": .., "end_ns": .., "tid": ..}` (and an
+/// optional `"id"`), times on the clock a `{"clock": "monotonic"|"realtime"}` line names
+/// (monotonic when none does; a line may also carry its own `"clock"`). Realtime times are
+/// moved to CLOCK_MONOTONIC with `realtime_minus_monotonic_ns`, measured while recording.
+/// Requests not wholly inside `[start, end]` are counted, not kept.
+pub fn parse_latency_log(
+    text: &str,
+    realtime_minus_monotonic_ns: i64,
+    window: (u64, u64),
+) -> Result<RequestSet> {
+    let mut clock = Clock::Monotonic;
+    let mut spans = Vec::new();
+    let mut outside = 0;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        let l: LogLine = serde_json::from_str(line).with_context(|| {
+            format!(
+                "line {n}: not a latency record ({line:.80}); each line must be \
+                 {{\"start_ns\": N, \"end_ns\": N, \"tid\": N}} or {{\"clock\": \"realtime\"}}"
+            )
+        })?;
+        let line_clock = match &l.clock {
+            Some(c) => parse_clock(c).with_context(|| format!("line {n}"))?,
+            None => clock,
+        };
+        let (Some(s), Some(e)) = (l.start_ns, l.end_ns) else {
+            if l.clock.is_some() && l.start_ns.is_none() && l.end_ns.is_none() {
+                clock = line_clock;
+                continue;
+            }
+            bail!("line {n}: a request needs both start_ns and end_ns");
+        };
+        let Some(tid) = l.tid else {
+            bail!(
+                "line {n}: no \"tid\": the thread that served the request is needed to \
+                 decompose its time (gettid() in the server)"
+            );
+        };
+        if e < s {
+            bail!("line {n}: end_ns {e} is before start_ns {s}");
+        }
+        let to_mono = |t: u64| -> u64 {
+            match line_clock {
+                Clock::Monotonic => t,
+                Clock::Realtime => (t as i128 - realtime_minus_monotonic_ns as i128).max(0) as u64,
+            }
+        };
+        let span = RequestSpan {
+            start_ns: to_mono(s),
+            end_ns: to_mono(e),
+            tid,
+            id: l.id,
+        };
+        if span.start_ns < window.0 || span.end_ns > window.1 {
+            outside += 1;
+        } else {
+            spans.push(span);
+        }
+    }
+    if spans.is_empty() && outside > 0 {
+        bail!(
+            "none of the {outside} requests in the log lies inside the recording's window; \
+             check that the log's clock is the one its \"clock\" line states"
+        );
+    }
+    spans.sort_by_key(|s| s.end_ns);
+    Ok(RequestSet {
+        source: RequestSource::File,
+        spans,
+        unpaired: outside,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ts: u64, tid: u32, kind: EventKind, id: Option<u64>) -> Event {
+        Event {
+            ts_ns: ts,
+            tid,
+            kind: kind as u32,
+            cpu: 0,
+            aux: id.is_some() as u32,
+            value: id.unwrap_or(0),
+        }
+    }
+
+    #[test]
+    fn pairs_by_id_across_threads_and_per_thread_without() {
+        use EventKind::*;
+        let mut p = Pairing::default();
+        for e in [
+            ev(10, 1, RequestStart, Some(7)),
+            ev(12, 1, RequestStart, Some(8)),
+            ev(30, 2, RequestEnd, Some(8)),
+            ev(40, 3, RequestEnd, Some(7)),
+            ev(45, 3, RequestEnd, Some(99)), // began before the window
+            ev(50, 4, RequestStart, None),
+            ev(55, 4, RequestStart, None),
+            ev(60, 4, RequestEnd, None),
+            ev(70, 4, RequestEnd, None),
+            ev(80, 5, RequestStart, None), // still open
+        ] {
+            p.on_event(&e);
+        }
+        let set = p.finish(65);
+        let got: Vec<(u64, u64, u32)> = set
+            .spans
+            .iter()
+            .map(|s| (s.start_ns, s.end_ns, s.tid))
+            .collect();
+        // (50, 70) ended after the window's end: dropped and counted.
+        assert_eq!(got, vec![(12, 30, 2), (10, 40, 3), (55, 60, 4)]);
+        assert_eq!(set.unpaired, 3);
+    }
+
+    #[test]
+    fn latency_logs_parse_and_convert_clocks() {
+        let text = "\n{\"start_ns\": 100, \"end_ns\": 200, \"tid\": 5}\n\
+                    {\"clock\": \"realtime\"}\n\
+                    {\"start_ns\": 1100, \"end_ns\": 1300, \"tid\": 6, \"id\": 3}\n\
+                    {\"start_ns\": 9000, \"end_ns\": 9100, \"tid\": 6}\n";
+        let set = parse_latency_log(text, 1000, (0, 1000)).unwrap();
+        assert_eq!(set.spans.len(), 2);
+        assert_eq!((set.spans[1].start_ns, set.spans[1].end_ns), (100, 300));
+        assert_eq!(set.spans[1].id, Some(3));
+        assert_eq!(set.unpaired, 1);
+    }
+
+    #[test]
+    fn bad_latency_logs_say_what_is_wrong() {
+        let err = |t: &str| format!("{:#}", parse_latency_log(t, 0, (0, 1000)).unwrap_err());
+        assert!(err("{\"start_ns\": 1, \"end_ns\": 2}").contains("tid"));
+        assert!(err("{\"start_ns\": 5, \"end_ns\": 2, \"tid\": 1}").contains("before"));
+        assert!(err("garbage").contains("line 1"));
+        assert!(err("{\"clock\": \"tai\"}").contains("unknown clock"));
+        assert!(err("{\"start_ns\": 5000, \"end_ns\": 6000, \"tid\": 1}").contains("window"));
+    }
+}

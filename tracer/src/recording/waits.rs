@@ -1,0 +1,191 @@
+//! Why a run-queue wait happened, told from the transitions around it: the thread was moved to
+//! another CPU while it waited (a forced migration: affinity change, load balancing), the CPU
+//! it waited for was idle when it finally ran (cgroup throttling, or a slow wakeup of an idle
+//! CPU), or another task held the CPU (contention). Used online by the collector and offline
+//! by the timeline, so both classify alike.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use tracer_common::{Event, EventKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitKind {
+    /// Another task ran on the CPU meanwhile.
+    Contention,
+    /// The thread was moved to another CPU while it waited.
+    Migration,
+    /// The CPU was idle when the thread got it: the thread could not run although a CPU was
+    /// free (its cgroup was throttled), or the idle CPU took long to wake.
+    IdleCpu,
+}
+
+/// Waits at least this long that end on an idle CPU are counted apart: wakeup latency of an
+/// idle CPU is tens of microseconds (hundreds on a VM whose vCPU the host descheduled), while a
+/// cgroup bandwidth throttle holds a thread for the rest of its period, milliseconds.
+pub const LONG_IDLE_WAIT_NS: u64 = 1_000_000;
+
+/// One thread's waits by kind over the window.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct WaitClasses {
+    pub contention_ns: u64,
+    pub contention_waits: u64,
+    pub migration_ns: u64,
+    pub migration_waits: u64,
+    pub idle_cpu_ns: u64,
+    pub idle_cpu_waits: u64,
+    /// The part of the idle-CPU waits that lasted `LONG_IDLE_WAIT_NS` or more.
+    pub idle_cpu_long_ns: u64,
+    pub idle_cpu_long_waits: u64,
+}
+
+impl WaitClasses {
+    pub fn add(&mut self, kind: WaitKind, ns: u64) {
+        match kind {
+            WaitKind::Contention => {
+                self.contention_ns += ns;
+                self.contention_waits += 1;
+            }
+            WaitKind::Migration => {
+                self.migration_ns += ns;
+                self.migration_waits += 1;
+            }
+            WaitKind::IdleCpu => {
+                self.idle_cpu_ns += ns;
+                self.idle_cpu_waits += 1;
+                if ns >= LONG_IDLE_WAIT_NS {
+                    self.idle_cpu_long_ns += ns;
+                    self.idle_cpu_long_waits += 1;
+                }
+            }
+        }
+    }
+
+    pub fn merge(&mut self, o: &WaitClasses) {
+        self.contention_ns += o.contention_ns;
+        self.contention_waits += o.contention_waits;
+        self.migration_ns += o.migration_ns;
+        self.migration_waits += o.migration_waits;
+        self.idle_cpu_ns += o.idle_cpu_ns;
+        self.idle_cpu_waits += o.idle_cpu_waits;
+        self.idle_cpu_long_ns += o.idle_cpu_long_ns;
+        self.idle_cpu_long_waits += o.idle_cpu_long_waits;
+    }
+}
+
+/// A run-queue wait that just ended (at a switch-in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndedWait {
+    pub kind: WaitKind,
+    /// The task that ran on the CPU just before (0: the idle task).
+    pub prev_tid: u32,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ThreadState {
+    runnable: bool,
+    moved: bool,
+}
+
+/// Follows every thread's transitions far enough to classify the wait each switch-in ends.
+#[derive(Debug, Default)]
+pub struct WaitTracker {
+    threads: HashMap<u32, ThreadState>,
+}
+
+impl WaitTracker {
+    /// Feeds one event; at a switch-in, says what kind of wait it ended (whether or not the
+    /// wait's start was seen).
+    pub fn on_event(&mut self, ev: &Event) -> Option<EndedWait> {
+        let kind = EventKind::try_from(ev.kind).ok()?;
+        let st = self.threads.entry(ev.tid).or_default();
+        match kind {
+            EventKind::SwitchOut => {
+                st.runnable = ev.aux == 1;
+                st.moved = false;
+            }
+            EventKind::Wakeup | EventKind::WakeupNew => st.runnable = true,
+            // A wakeup places the task (and fires the migration) before the wakeup event, so a
+            // migration seen while blocked is a wakeup placement, not a forced move.
+            EventKind::Migrate => st.moved |= st.runnable,
+            EventKind::SwitchIn => {
+                let kind = if st.moved {
+                    WaitKind::Migration
+                } else if ev.aux == 0 {
+                    WaitKind::IdleCpu
+                } else {
+                    WaitKind::Contention
+                };
+                *st = ThreadState::default();
+                return Some(EndedWait {
+                    kind,
+                    prev_tid: ev.aux,
+                });
+            }
+            EventKind::ThreadExit => {
+                self.threads.remove(&ev.tid);
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(tid: u32, kind: EventKind, aux: u32) -> Event {
+        Event {
+            ts_ns: 0,
+            tid,
+            kind: kind as u32,
+            cpu: 0,
+            aux,
+            value: 1,
+        }
+    }
+
+    #[test]
+    fn classifies_by_what_happened_while_waiting() {
+        use EventKind::*;
+        let mut t = WaitTracker::default();
+        // Preempted, then run again after another task: contention.
+        assert_eq!(t.on_event(&ev(1, SwitchOut, 1)), None);
+        let w = t.on_event(&ev(1, SwitchIn, 42)).unwrap();
+        assert_eq!((w.kind, w.prev_tid), (WaitKind::Contention, 42));
+        // Preempted, moved, run: migration (even if the new CPU was idle).
+        t.on_event(&ev(1, SwitchOut, 1));
+        t.on_event(&ev(1, Migrate, 0));
+        assert_eq!(
+            t.on_event(&ev(1, SwitchIn, 0)).unwrap().kind,
+            WaitKind::Migration
+        );
+        // Blocked, placed on another CPU by its wakeup, run after the idle task: not a
+        // forced move; the CPU was idle.
+        t.on_event(&ev(1, SwitchOut, 0));
+        t.on_event(&ev(1, Migrate, 0));
+        t.on_event(&ev(1, Wakeup, 0));
+        assert_eq!(
+            t.on_event(&ev(1, SwitchIn, 0)).unwrap().kind,
+            WaitKind::IdleCpu
+        );
+    }
+
+    #[test]
+    fn long_idle_waits_are_counted_apart() {
+        let mut c = WaitClasses::default();
+        c.add(WaitKind::IdleCpu, 50_000);
+        c.add(WaitKind::IdleCpu, 5_000_000);
+        c.add(WaitKind::Contention, 10);
+        assert_eq!((c.idle_cpu_waits, c.idle_cpu_ns), (2, 5_050_000));
+        assert_eq!((c.idle_cpu_long_waits, c.idle_cpu_long_ns), (1, 5_000_000));
+        let mut d = WaitClasses::default();
+        d.merge(&c);
+        d.merge(&c);
+        assert_eq!(d.contention_ns, 20);
+    }
+}

@@ -1,0 +1,115 @@
+//! The verdict's text: the one line to act on first, then the ranked causes with their
+//! evidence, what was not assessed, and where the requests' time went.
+
+use std::fmt::Write as _;
+
+use super::text::dur;
+use crate::analysis::{requests::RequestAnalysis, summary::Summary, verdict::Basis};
+
+pub fn render(s: &Summary, out: &mut String) {
+    let v = &s.verdict;
+    let _ = writeln!(out, "Verdict: {}", v.headline);
+    if !v.causes.is_empty() {
+        let of = match v.basis {
+            Basis::TailExcess => "of the tail's excess over the median requests",
+            Basis::LostTime => "of the time lost to impediments",
+        };
+        let _ = writeln!(out, "\nCauses, ranked (share {of}):");
+        for (i, c) in v.causes.iter().enumerate() {
+            let cause = serde_json::to_value(c.cause)
+                .ok()
+                .and_then(|x| x.as_str().map(String::from))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {}. {:>3.0}%  {cause}: {}\n         {}",
+                i + 1,
+                c.share * 100.0,
+                c.mechanism,
+                c.evidence
+            );
+        }
+    }
+    if let Some(b) = &v.bound {
+        let _ = writeln!(out, "\nThroughput: {b}");
+    }
+    if !v.not_assessed.is_empty() {
+        let _ = writeln!(out, "\nNot assessed (never counted as absent):");
+        for n in &v.not_assessed {
+            let _ = writeln!(out, "  - {}: {}", n.signal.replace('_', " "), n.reason);
+        }
+    }
+    if let Some(r) = &s.requests {
+        requests(r, out);
+    }
+    out.push('\n');
+}
+
+fn requests(r: &RequestAnalysis, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nRequests: {} decomposed ({} left out: unpaired, or not wholly in the window), p50 {}  p90 {}  p99 {}  max {}; {:.0}% close \
+         within 5 % of their wall time",
+        r.requests,
+        r.unpaired,
+        dur(r.p50_ns),
+        dur(r.p90_ns),
+        dur(r.p99_ns),
+        dur(r.max_ns),
+        r.closure_within_5pct * 100.0
+    );
+    if r.requests == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>10} {:>10} {:>10}",
+        "mean per request",
+        format!("median({})", r.median.requests),
+        format!("tail({})", r.tail.requests),
+        "excess"
+    );
+    let names = [
+        "on CPU",
+        "on CPU, queued",
+        "run queue: others",
+        "run queue: moved",
+        "run queue: idle",
+        "GPU wait",
+        "other blocked",
+        "not covered",
+    ];
+    let (m, t, e) = (
+        r.median.mean.values(),
+        r.tail.mean.values(),
+        r.excess.values(),
+    );
+    for (i, name) in names.iter().enumerate() {
+        if m[i] == 0.0 && t[i] == 0.0 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {name:<18} {:>10} {:>10} {:>10}",
+            dur(m[i].max(0.0) as u64),
+            dur(t[i].max(0.0) as u64),
+            signed(e[i])
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>10} {:>10} {:>10}",
+        "wall",
+        dur(r.median.wall_ns_mean as u64),
+        dur(r.tail.wall_ns_mean as u64),
+        signed(r.excess_ns)
+    );
+}
+
+fn signed(ns: f64) -> String {
+    if ns < 0.0 {
+        format!("-{}", dur((-ns) as u64))
+    } else {
+        format!("+{}", dur(ns as u64))
+    }
+}

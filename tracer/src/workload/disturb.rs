@@ -1,0 +1,134 @@
+//! The disturbances the demo injects, each a separate process so the tracer sees it as what it
+//! is, a neighbour: CPU hogs, a cache-thrashing neighbour, and a task that keeps moving the
+//! target's threads between CPUs.
+
+use std::{thread, time::Duration};
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Subcommand};
+
+use super::server::{set_affinity, set_thread_name};
+use crate::sources::process::monotonic_ns;
+
+#[derive(Debug, Args, Clone)]
+pub struct DisturbArgs {
+    #[command(subcommand)]
+    pub kind: Disturbance,
+    /// Stop after this long.
+    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration, global = true)]
+    pub duration: Duration,
+    /// Run on these CPUs only.
+    #[arg(long, value_delimiter = ',', global = true)]
+    pub cpus: Vec<usize>,
+}
+
+#[derive(Debug, Subcommand, Clone)]
+pub enum Disturbance {
+    /// Threads that never block. At the same priority as the workload, the scheduler gives
+    /// each runnable thread an equal share, so every hog on a worker's CPU makes it wait.
+    Spin {
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
+    /// One thread streaming through a buffer larger than any cache (at SCHED_IDLE priority, so
+    /// that it yields its CPU to anything else there).
+    Stream {
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+    },
+    /// Moves every thread of PID between the CPUs given with --cpus, at random intervals.
+    Migrate {
+        #[arg(long)]
+        pid: u32,
+        /// Mean time between moves.
+        #[arg(long, default_value = "2ms", value_parser = crate::cli::parse_duration)]
+        every: Duration,
+    },
+}
+
+pub fn run(args: DisturbArgs) -> Result<()> {
+    let end = monotonic_ns() + args.duration.as_nanos() as u64;
+    match args.kind {
+        Disturbance::Spin { threads } => spin(threads, &args.cpus, end),
+        Disturbance::Stream { mib } => stream(mib, &args.cpus, end),
+        Disturbance::Migrate { pid, every } => migrate(pid, &args.cpus, every, end),
+    }
+}
+
+fn spin(n: usize, cpus: &[usize], end: u64) -> Result<()> {
+    set_thread_name("cpu-hog");
+    if !cpus.is_empty() {
+        set_affinity(0, cpus)?;
+    }
+    let hogs: Vec<_> = (0..n.max(1))
+        .map(|i| {
+            thread::Builder::new()
+                .name(format!("cpu-hog-{i}"))
+                .spawn(move || {
+                    let mut x = 1u64;
+                    while monotonic_ns() < end {
+                        for _ in 0..10_000 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        }
+                        std::hint::black_box(x);
+                    }
+                })
+                .context("spawning a hog thread")
+        })
+        .collect::<Result<_>>()?;
+    for h in hogs {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn stream(mib: usize, cpus: &[usize], end: u64) -> Result<()> {
+    set_thread_name("cache-thrasher");
+    if !cpus.is_empty() {
+        set_affinity(0, cpus)?;
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscall on the calling thread with a valid parameter block.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        anyhow::bail!("SCHED_IDLE: {}", std::io::Error::last_os_error());
+    }
+    let mut buf = vec![1u8; mib.max(1) << 20];
+    while monotonic_ns() < end {
+        // One write per cache line: every line of the buffer passes through the caches.
+        for i in (0..buf.len()).step_by(64) {
+            buf[i] = buf[i].wrapping_add(1);
+        }
+        std::hint::black_box(&buf);
+    }
+    Ok(())
+}
+
+fn migrate(pid: u32, cpus: &[usize], every: Duration, end: u64) -> Result<()> {
+    set_thread_name("migrator");
+    anyhow::ensure!(
+        cpus.len() >= 2,
+        "--cpus must name at least two CPUs to move between"
+    );
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(pid);
+    let mut turn = 0usize;
+    while monotonic_ns() < end {
+        // Exponential gaps: moves come at random points of the requests, not in step with them.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+        let gap = every.as_secs_f64() * -(1.0 - u).ln();
+        thread::sleep(Duration::from_secs_f64(gap.min(1.0)));
+        turn = (turn + 1) % cpus.len();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            break; // the target is gone
+        };
+        for t in tasks.flatten() {
+            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
+                // A thread may exit in between; that is not an error.
+                let _ = set_affinity(tid, &cpus[turn..=turn]);
+            }
+        }
+    }
+    Ok(())
+}
