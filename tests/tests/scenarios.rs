@@ -4,17 +4,31 @@
 use tracer_tests::{require_root, run_tracer, serial, u};
 
 fn scenario(name: &str) -> serde_json::Value {
-    let out = run_tracer(&[
-        "demo",
-        "--scenario",
-        name,
-        "--duration",
-        "3s",
-        "--json",
-        "--quiet",
-    ]);
-    assert!(out.status.success(), "{name}: {}", out.stderr);
-    out.json()
+    // A run whose verdict names a process the scenario did not start (kdamond paging out
+    // memory after a build, in our CI) measured a real disturbance, but not the injected
+    // one: it is repeated, at most twice, and a wrong verdict without that excuse fails.
+    for attempt in 1..=3 {
+        let out = run_tracer(&[
+            "demo",
+            "--scenario",
+            name,
+            "--duration",
+            "3s",
+            "--json",
+            "--quiet",
+        ]);
+        assert!(out.status.success(), "{name}: {}", out.stderr);
+        let doc = out.json();
+        let demo = &doc["demo"];
+        if demo["correct"] == true || demo["interference"].is_null() || attempt == 3 {
+            return doc;
+        }
+        eprintln!(
+            "{name}: run {attempt} disturbed from outside ({}), repeating it",
+            demo["interference"]
+        );
+    }
+    unreachable!()
 }
 
 #[test]

@@ -29,6 +29,8 @@ struct Outcome {
     got: String,
     mechanism: String,
     correct: bool,
+    /// The process outside the scenario the verdict named, if any.
+    interference: Option<String>,
 }
 
 fn once(bin: &std::path::Path, scenario: &str, round: u32) -> Result<Outcome> {
@@ -58,6 +60,9 @@ fn once(bin: &std::path::Path, scenario: &str, round: u32) -> Result<Outcome> {
         got: s(&doc["verdict"]["primary"]),
         mechanism: s(&doc["verdict"]["causes"][0]["mechanism"]),
         correct: demo["correct"].as_bool().unwrap_or(false),
+        interference: demo["interference"]["comm"]
+            .as_str()
+            .map(|c| format!("{c} (PID {})", demo["interference"]["pid"])),
     })
 }
 
@@ -72,10 +77,25 @@ pub fn scenarios(repeat: u32, gpu: Option<bool>) -> Result<()> {
         eprintln!("xtask: no GPU here: the GPU scenarios are skipped (docs/GPU.md has their runs)");
     }
     let mut outcomes = Vec::new();
+    let mut disturbed = 0;
     // Round-robin, so that a noisy stretch of the machine hits every scenario alike.
     for round in 1..=repeat.max(1) {
         for sc in &list {
-            let o = once(&bin, sc, round)?;
+            // A wrong verdict that names a process the scenario did not start measured a
+            // real disturbance from outside (kdamond reclaiming, another tenant), not the
+            // injected one: it is reported, not scored, and the run repeated (twice at most).
+            let mut o = once(&bin, sc, round)?;
+            for _ in 0..2 {
+                if o.correct || o.interference.is_none() {
+                    break;
+                }
+                eprintln!(
+                    "xtask: round {round} {sc}: disturbed from outside by {}; repeating",
+                    o.interference.as_deref().unwrap_or("-")
+                );
+                disturbed += 1;
+                o = once(&bin, sc, round)?;
+            }
             eprintln!(
                 "xtask: round {round} {:<16} expected {:<28} got {:<14} {}",
                 o.scenario,
@@ -110,6 +130,9 @@ pub fn scenarios(repeat: u32, gpu: Option<bool>) -> Result<()> {
         outcomes.len(),
         100.0 * ok as f64 / outcomes.len() as f64
     );
+    if disturbed > 0 {
+        println!("{disturbed} further runs were disturbed from outside and repeated (above)");
+    }
     if ok < outcomes.len() {
         anyhow::bail!(
             "{} scenario runs gave the wrong verdict",

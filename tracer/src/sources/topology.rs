@@ -81,6 +81,30 @@ fn node_of(cpu_dir: &Path) -> u32 {
         .unwrap_or(0)
 }
 
+/// The size in bytes of `cpu`'s unified or data cache at `level` (sysfs `cache/index*`).
+pub fn cache_size(cpu: u32, level: u32) -> Option<usize> {
+    let dir = Path::new("/sys/devices/system/cpu").join(format!("cpu{cpu}/cache"));
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let p = e.path();
+        let text = |f: &str| std::fs::read_to_string(p.join(f)).ok();
+        if read_u32(&p.join("level")) != Some(level) || text("type")?.trim() == "Instruction" {
+            return None;
+        }
+        parse_size(text("size")?.trim())
+    })
+}
+
+/// "512K", "32768K", "2M", "1024" (bytes).
+fn parse_size(s: &str) -> Option<usize> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok().map(|n| n * mult)
+}
+
 /// Every online CPU's place; CPUs sysfs does not describe are left out.
 pub fn read(cpus: &[u32]) -> Vec<CpuPlace> {
     cpus.iter()
@@ -121,6 +145,16 @@ pub fn classify(topo: &[CpuPlace], from: u32, to: u32) -> MigrationKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_sizes_parse() {
+        assert_eq!(parse_size("512K"), Some(512 << 10));
+        assert_eq!(parse_size("2M"), Some(2 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("x"), None);
+        // This machine has an L2 or L3 of some size (every CPU we run on).
+        assert!(cache_size(0, 2).or(cache_size(0, 3)).is_some());
+    }
 
     fn p(cpu: u32, core: u32, llc: u32, node: u32) -> CpuPlace {
         CpuPlace {

@@ -30,8 +30,8 @@ pub enum Disturbance {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
-    /// One thread streaming through a buffer larger than any cache (at SCHED_IDLE priority, so
-    /// that it yields its CPU to anything else there).
+    /// Threads streaming through a buffer larger than any cache, one per CPU of --cpus (at
+    /// SCHED_IDLE priority, so that they yield their CPUs to anything else there).
     Stream {
         #[arg(long, default_value_t = 256)]
         mib: usize,
@@ -83,16 +83,33 @@ fn spin(n: usize, cpus: &[usize], end: u64) -> Result<()> {
 }
 
 fn stream(mib: usize, cpus: &[usize], end: u64) -> Result<()> {
+    // One streaming thread per CPU given, each pinned there with its share of the buffer: a
+    // large LLC is refilled faster than one core alone could.
+    let per = (mib.max(1) << 20) / cpus.len().max(1);
+    let threads: Vec<_> = (0..cpus.len().max(1))
+        .map(|i| {
+            let cpu = cpus.get(i).copied();
+            thread::spawn(move || stream_one(per, cpu, end))
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a streaming thread panicked"))??;
+    }
+    Ok(())
+}
+
+fn stream_one(bytes: usize, cpu: Option<usize>, end: u64) -> Result<()> {
     set_thread_name("cache-thrasher");
-    if !cpus.is_empty() {
-        set_affinity(0, cpus)?;
+    if let Some(cpu) = cpu {
+        set_affinity(0, &[cpu])?;
     }
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscall on the calling thread with a valid parameter block.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
         anyhow::bail!("SCHED_IDLE: {}", std::io::Error::last_os_error());
     }
-    let mut buf = vec![1u8; mib.max(1) << 20];
+    let mut buf = vec![1u8; bytes.max(1 << 20)];
     while monotonic_ns() < end {
         // One write per cache line: every line of the buffer passes through the caches.
         for i in (0..buf.len()).step_by(64) {

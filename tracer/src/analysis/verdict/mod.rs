@@ -234,7 +234,7 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
 
 /// The process that caused most of the target's run-queue waiting (the migration stopper
 /// aside: that is the cost of migrations).
-fn top_preemptor(s: &Summary) -> Option<&super::summary::PreemptorProcess> {
+pub(crate) fn top_preemptor(s: &Summary) -> Option<&super::summary::PreemptorProcess> {
     s.preemptor_processes
         .iter()
         .find(|p| p.tgid != 0 && !p.comm.starts_with("migration/"))

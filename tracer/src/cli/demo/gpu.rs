@@ -128,6 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let mut opts = args.record.session_options(Some(args.duration));
     opts.keep_timeline = true;
     let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let own = [pid, _hog.as_ref().map_or(0, |h| h.0.id())];
     drop(_hog);
     let mut server = server;
     let _ = server.0.wait();
@@ -137,5 +138,5 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     loaded?;
     let baseline = latency_stats(&spans, ready + 500_000_000, baseline_end);
     let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
-    Ok(outcome(args.scenario, rec, baseline, recorded))
+    Ok(outcome(args.scenario, rec, &own, baseline, recorded))
 }

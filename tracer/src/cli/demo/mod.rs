@@ -118,6 +118,19 @@ pub struct DemoPart {
     /// The server's own latency log, before the disturbance and during the recording.
     pub latency_baseline: Option<LatencyStats>,
     pub latency_recorded: Option<LatencyStats>,
+    /// A process the scenario did not start that the verdict named as the server's main
+    /// preemptor (a kernel thread doing reclaim, another tenant): the run measured a real
+    /// disturbance, but not the injected one, so it says nothing about the scenario's
+    /// accuracy. Scenario runners repeat such a run rather than score it.
+    pub interference: Option<Interference>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Interference {
+    pub pid: u32,
+    pub comm: String,
+    /// Its share of the server's run-queue waiting.
+    pub wait_share: f64,
 }
 
 /// What a scenario run produced, for printing.
@@ -170,6 +183,21 @@ fn print_part(p: &DemoPart, s: &Summary) {
         s.verdict.primary.name(),
         if p.correct { "correct" } else { "WRONG" }
     );
+    if let Some(i) = &p.interference {
+        println!(
+            "  (the server waited mostly behind {} (PID {}), which the scenario did not start: \
+             this run measured another disturbance than the injected one)",
+            i.comm, i.pid
+        );
+    }
+}
+
+/// Twice the L2 of `cpu`, within [256 KiB, half its LLC].
+fn cache_thrash_working_set(cpu: u32) -> usize {
+    use crate::sources::topology::cache_size;
+    let l2 = cache_size(cpu, 2).unwrap_or(512 << 10);
+    let llc = cache_size(cpu, 3).unwrap_or(8 << 20);
+    (2 * l2).clamp(256 << 10, (llc / 2).max(256 << 10))
 }
 
 /// The CPUs the server runs on, and the others (for the tracer itself and the migrations).
@@ -207,13 +235,13 @@ fn run_cpu(args: &DemoArgs) -> Result<Outcome> {
     let log: PathBuf =
         std::env::temp_dir().join(format!("tracer-demo-{}.jsonl", std::process::id()));
     let total = BASELINE + args.duration + Duration::from_secs(1);
-    // Cache thrash hurts only work that keeps data in the cache: in that scenario each
-    // request walks a working set of its own (256 KiB, half the L2 of our CPU machine), at
-    // a rate that leaves room for the slower, cold-cache requests.
+    // Cache thrash hurts only work that keeps data in the shared cache: in that scenario each
+    // request walks a working set of its own, twice the private L2 (so it lives in the LLC)
+    // and at most half the LLC, at a rate that leaves room for slower, cold-cache requests.
     // Under contention the worker gets a third of its CPU (two hogs beside it), so the rate
     // there leaves it keeping up on average: the tail is then the waiting, not a backlog.
     let (working_set, rate) = match args.scenario {
-        Scenario::CacheThrash => (256, 200),
+        Scenario::CacheThrash => (cache_thrash_working_set(cpu as u32) >> 10, 200),
         Scenario::CpuContention => (0, 200),
         _ => (0, 300),
     };
@@ -301,17 +329,35 @@ fn run_cpu(args: &DemoArgs) -> Result<Outcome> {
             ])?)
         }
         Scenario::CacheThrash => {
-            // On another CPU, sharing the LLC but not the CPU: cache thrash without contention
-            // (at idle priority the scheduler still gives it slices on a shared CPU).
-            let at = others.first().copied().unwrap_or(cpu);
+            // On other CPUs that share the server's LLC but not its CPU: cache thrash without
+            // contention (at idle priority the scheduler still gives it slices on a shared
+            // CPU). Up to four, so that a large LLC is refilled between two requests.
+            use crate::sources::topology::{cache_size, read};
+            let llc = read(&[cpu as u32]).first().map(|p| p.llc);
+            let mut at: Vec<usize> = others
+                .iter()
+                .copied()
+                .filter(|&o| read(&[o as u32]).first().map(|p| p.llc) == llc)
+                .take(4)
+                .collect();
+            if at.is_empty() {
+                at.push(others.first().copied().unwrap_or(cpu));
+            }
+            // Larger than the LLC, or it is not thrash: 256 MiB fits in some servers' L3.
+            let mib = ((2 * cache_size(cpu as u32, 3).unwrap_or(0)) >> 20).max(256);
+            let list = at
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             say(format!(
-                "injected: a neighbour streaming 256 MiB on CPU {at}"
+                "injected: neighbours streaming {mib} MiB on CPUs {list}"
             ));
             Some(spawn_self(&[
                 "disturb".into(),
                 "stream".into(),
-                "--mib=256".into(),
-                format!("--cpus={at}"),
+                format!("--mib={mib}"),
+                format!("--cpus={list}"),
                 disturb_for,
             ])?)
         }
@@ -333,6 +379,7 @@ fn run_cpu(args: &DemoArgs) -> Result<Outcome> {
     });
     opts.keep_timeline = true;
     let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let own = [pid, _disturbance.as_ref().map_or(0, |d| d.0.id())];
     drop(_disturbance);
     let mut server = server;
     let _ = server.0.wait();
@@ -342,26 +389,39 @@ fn run_cpu(args: &DemoArgs) -> Result<Outcome> {
     // Skip the first half second: thread start-up is not the server's steady state.
     let baseline = latency_stats(&spans, started + 500_000_000, baseline_end);
     let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
-    Ok(outcome(args.scenario, rec, baseline, recorded))
+    Ok(outcome(args.scenario, rec, &own, baseline, recorded))
 }
 
+/// The verdict set against the scenario; `own`: the processes the scenario started.
 pub fn outcome(
     scenario: Scenario,
     rec: Recording,
+    own: &[u32],
     latency_baseline: Option<LatencyStats>,
     latency_recorded: Option<LatencyStats>,
 ) -> Outcome {
     let pmu = rec.capabilities.pmu.llc_available;
-    let verdict = summarize(&rec).verdict;
+    let summary = summarize(&rec);
+    let verdict = &summary.verdict;
+    let interference = (verdict.primary == crate::analysis::verdict::Primary::Scheduling)
+        .then(|| crate::analysis::verdict::top_preemptor(&summary))
+        .flatten()
+        .filter(|p| !p.same_process && !own.contains(&p.tgid))
+        .map(|p| Interference {
+            pid: p.tgid,
+            comm: p.comm.clone(),
+            wait_share: p.wait_share,
+        });
     let (expected_primary, expected_mechanism) = scenario.expected(pmu);
     Outcome {
         part: DemoPart {
             scenario,
             expected_primary,
             expected_mechanism,
-            correct: scenario::check(scenario, &verdict, pmu),
+            correct: scenario::check(scenario, verdict, pmu),
             latency_baseline,
             latency_recorded,
+            interference,
         },
         rec,
     }

@@ -18,7 +18,7 @@ pub enum Scenario {
     /// The server's threads moved between CPUs every ~2 ms. Expected: scheduling
     /// (migrations).
     MigrationStorm,
-    /// A neighbour streaming 256 MiB through the server's cache, at idle priority. Expected:
+    /// A neighbour streaming twice the LLC (256 MiB at least) through the server's cache, at idle priority. Expected:
     /// cache thrash with a PMU; without one, unexplained with cache misses not assessed.
     CacheThrash,
     /// A PyTorch server while another process saturates the GPU (GPU machine). Expected: GPU
