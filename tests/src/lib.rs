@@ -251,6 +251,9 @@ pub struct Tracer {
     stderr_head: String,
     /// Reads the rest of stderr, so the tracer never blocks on a full pipe.
     stderr_rest: std::thread::JoinHandle<String>,
+    /// Reads stdout as it comes, for the same reason (a test that waits for one tracer while
+    /// another has printed a large summary would otherwise deadlock both).
+    stdout: std::thread::JoinHandle<String>,
 }
 
 /// What a finished tracer printed.
@@ -304,10 +307,17 @@ impl Tracer {
             let _ = stderr.read_to_string(&mut rest);
             rest
         });
+        let mut out = child.stdout.take().expect("stdout");
+        let stdout = std::thread::spawn(move || {
+            let mut all = String::new();
+            let _ = out.read_to_string(&mut all);
+            all
+        });
         Self {
             child,
             stderr_head: lines.concat(),
             stderr_rest,
+            stdout,
         }
     }
 
@@ -324,15 +334,21 @@ impl Tracer {
                 break s;
             }
             if Instant::now() > deadline {
+                // Where it was stuck, for the failure message.
+                let pid = self.child.id();
+                let stack =
+                    std::fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
+                let wchan =
+                    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
                 let _ = self.child.kill();
-                panic!("tracer did not finish within {limit:?}");
+                panic!(
+                    "tracer did not finish within {limit:?} (wchan {wchan}):\n{stack}\n{}",
+                    self.stderr_head
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let mut stdout = String::new();
-        if let Some(mut out) = self.child.stdout.take() {
-            out.read_to_string(&mut stdout).expect("read stdout");
-        }
+        let stdout = self.stdout.join().unwrap_or_default();
         let rest = self.stderr_rest.join().unwrap_or_default();
         Finished {
             status,

@@ -14,29 +14,58 @@ use tracer_tests::{
 
 /// Records one round of the `mixed` scenario and returns (tracer JSON, /proc deltas per TID).
 fn record_mixed(extra: &[&str]) -> (serde_json::Value, Vec<(u32, KernelCounts)>, Testload) {
+    let (mut docs, deltas, load) = record_mixed_by(&[extra], false);
+    (docs.remove(0), deltas, load)
+}
+
+/// The same, with one tracer per entry of `extras` attached at once; `stop_readers`: the
+/// tracers are stopped (SIGSTOP) while the workload runs, so nothing reads their ring buffers.
+fn record_mixed_by(
+    extras: &[&[&str]],
+    stop_readers: bool,
+) -> (Vec<serde_json::Value>, Vec<(u32, KernelCounts)>, Testload) {
     let mut load = Testload::spawn(&["mixed", "3"]);
     load.settle();
     let pid = load.pid.to_string();
-    let mut args = vec!["attach", "--pid", &pid, "--duration", "60s", "--json"];
-    args.extend_from_slice(extra);
-    let tracer = Tracer::start(&args);
+    let tracers: Vec<Tracer> = extras
+        .iter()
+        .map(|extra| {
+            let mut args = vec!["attach", "--pid", &pid, "--duration", "60s", "--json"];
+            args.extend_from_slice(extra);
+            Tracer::start(&args)
+        })
+        .collect();
     load.settle();
     let before = snapshot(load.pid);
+    if stop_readers {
+        tracers.iter().for_each(|t| t.signal(libc::SIGSTOP));
+    }
     load.send("go");
     load.expect("done");
     load.settle();
     let after = snapshot(load.pid);
+    if stop_readers {
+        tracers.iter().for_each(|t| t.signal(libc::SIGCONT));
+    }
     // Ctrl-C ends the recording early; the summary must still be complete.
-    tracer.signal(libc::SIGINT);
-    let out = tracer.finish(Duration::from_secs(20));
-    assert!(out.status.success(), "tracer failed: {}", out.stderr);
-    let doc = out.json();
-    assert_eq!(doc["end_reason"], "interrupted");
+    for t in &tracers {
+        t.signal(libc::SIGINT);
+    }
+    let docs = tracers
+        .into_iter()
+        .map(|t| {
+            let out = t.finish(Duration::from_secs(20));
+            assert!(out.status.success(), "tracer failed: {}", out.stderr);
+            let doc = out.json();
+            assert_eq!(doc["end_reason"], "interrupted");
+            doc
+        })
+        .collect();
     let deltas = after
         .iter()
         .map(|(tid, a)| (*tid, *a - before[tid]))
         .collect();
-    (doc, deltas, load)
+    (docs, deltas, load)
 }
 
 fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
@@ -156,4 +185,27 @@ fn json_carries_the_documented_fields_and_only_the_target() {
         }
     }
     assert_eq!(u(&doc["dropped_events"]), 0);
+}
+
+#[test]
+fn two_tracers_on_one_pid_both_count_exactly() {
+    let _guard = serial();
+    require_root();
+    let (docs, deltas, _load) = record_mixed_by(&[&[], &[]], false);
+    for doc in &docs {
+        assert_exact(doc, &deltas);
+    }
+}
+
+#[test]
+fn an_overflowing_ring_buffer_reports_its_drops_and_keeps_exact_totals() {
+    let _guard = serial();
+    require_root();
+    // A 4 KiB ring holds about a hundred records, and the tracer is stopped (as a reader
+    // starved of CPU would be) while the workload makes thousands.
+    let (mut docs, deltas, _load) = record_mixed_by(&[&["--ring-kib", "4"]], true);
+    let doc = docs.remove(0);
+    assert!(u(&doc["dropped_events"]) > 0, "nothing dropped");
+    // The per-thread totals are kept in kernel maps, not carried by the ring: still exact.
+    assert_exact(&doc, &deltas);
 }

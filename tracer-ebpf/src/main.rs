@@ -15,6 +15,8 @@ mod counters;
 #[cfg(target_arch = "bpf")]
 mod cuda;
 #[cfg(target_arch = "bpf")]
+mod floor;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod requests;

@@ -4,6 +4,8 @@
 //! missing and says what it does, so `cargo xtask demo` and `cargo xtask test` work on a fresh
 //! Debian 12 machine.
 
+mod bench;
+mod fuzz;
 mod scenarios;
 mod setup;
 
@@ -44,6 +46,14 @@ enum Cmd {
     Lint,
     /// Regenerate docs/summary.schema.json from the summary's Rust types.
     Schema,
+    /// Measure the tracer's overhead against perf sched record and bpftrace (BENCHMARKS.md).
+    Bench(bench::BenchArgs),
+    /// Fuzz the trace-file reader (cargo-fuzz, libFuzzer) for a bounded time.
+    Fuzz {
+        /// How long to fuzz.
+        #[arg(long, default_value_t = 300)]
+        seconds: u64,
+    },
     /// Run every `tracer demo` scenario and print expected vs verdict, and the accuracy.
     Scenarios {
         /// Runs of each scenario (interleaved).
@@ -137,7 +147,18 @@ fn test(args: &[String]) -> Result<()> {
     }
     // Tests share the CPUs and the kernel's tracepoints: one at a time.
     cmd.args(["--", "--test-threads=1"]);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The benchmark is not a timed test; the suite only checks that it runs (a quick round).
+    if args.is_empty() {
+        bench::bench(&bench::BenchArgs {
+            rounds: 1,
+            loops: 0,
+            quick: true,
+        })?;
+        // And that the trace reader survives a short fuzzing run.
+        fuzz::fuzz(30)?;
+    }
+    Ok(())
 }
 
 fn lint() -> Result<()> {
@@ -191,6 +212,8 @@ fn main() -> ExitCode {
         Cmd::Lint => lint(),
         Cmd::Schema => schema(),
         Cmd::Scenarios { repeat, gpu } => scenarios::scenarios(repeat, gpu),
+        Cmd::Bench(args) => bench::bench(&args),
+        Cmd::Fuzz { seconds } => fuzz::fuzz(seconds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

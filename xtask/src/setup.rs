@@ -13,8 +13,8 @@ use crate::{is_root, run};
 /// Debian packages: LLVM 22 for bpf-linker, bpftool (the BTF cross-check test and BPF
 /// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks), protoc
 /// (decodes the Perfetto output in the tests), Chromium (renders the HTML output in the
-/// tests), a C compiler (the stand-in libcuda).
-const APT_PACKAGES: [(&str, &str); 7] = [
+/// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer).
+const APT_PACKAGES: [(&str, &str); 8] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
@@ -22,6 +22,7 @@ const APT_PACKAGES: [(&str, &str); 7] = [
     ("protobuf-compiler", "protoc"),
     ("chromium", "chromium"),
     ("gcc", "cc"),
+    ("bpftrace", "bpftrace"),
 ];
 
 fn have(program: &str) -> bool {

@@ -3,9 +3,11 @@
 
 use serde::Serialize;
 
+pub use super::preemptors::{IDLE, PreemptorProcess, PreemptorSummary};
 use super::{
     counters::{self, CounterBin, CounterValues, ThreadCounterSummary},
     gpu::{self as gpu_analysis, GpuSummary},
+    preemptors,
     quantiles::{QuantileSource, wait_quantiles},
     requests::RequestAnalysis,
     verdict::{self, Verdict},
@@ -48,6 +50,7 @@ pub struct Summary {
     pub probe_fallback_reason: Option<String>,
     /// Set when the recording came from an unfinished trace file: what is missing.
     pub incomplete: Option<String>,
+    pub tracer_cost: Option<crate::recording::TracerCost>,
     /// Timeline events lost to a full ring buffer. The per-thread totals stay exact.
     pub dropped_events: u64,
     pub events_received: u64,
@@ -181,72 +184,6 @@ pub struct ThreadSummary {
     pub cuda: Option<ThreadCuda>,
 }
 
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct PreemptorSummary {
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: String,
-    /// Run-queue waiting of the target's threads while this task ran.
-    pub wait_ns: u64,
-    pub slices: u64,
-    /// Share of all attributed waiting.
-    pub wait_share: f64,
-    /// The preemptor is one of the target's own threads.
-    pub same_process: bool,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct PreemptorProcess {
-    pub tgid: u32,
-    pub comm: String,
-    pub wait_ns: u64,
-    pub wait_share: f64,
-    /// How many of its threads ran while the target waited.
-    pub threads: u64,
-    pub same_process: bool,
-}
-
-/// The name given to the idle task as a preemptor: the CPU idled while a target thread waited
-/// in its run queue.
-pub const IDLE: &str = "idle";
-
-/// Adds preemptors up by process. The name is the process's own when known, else that of its
-/// thread that caused the most waiting.
-fn by_process(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<PreemptorProcess> {
-    let mut groups: Vec<PreemptorProcess> = Vec::new();
-    for p in preemptors {
-        match groups.iter_mut().find(|g| g.tgid == p.tgid) {
-            Some(g) => {
-                g.wait_ns += p.wait_ns;
-                g.wait_share += p.wait_share;
-                g.threads += 1;
-            }
-            None => {
-                // pid 0: the idle task of whichever CPU, one entry for all.
-                let comm = if p.pid == 0 {
-                    IDLE.to_string()
-                } else {
-                    rec.preemptors
-                        .iter()
-                        .find(|r| r.pid == p.pid)
-                        .and_then(|r| r.process_comm.clone())
-                        .unwrap_or_else(|| p.comm.clone())
-                };
-                groups.push(PreemptorProcess {
-                    tgid: p.tgid,
-                    comm,
-                    wait_ns: p.wait_ns,
-                    wait_share: p.wait_share,
-                    threads: 1,
-                    same_process: p.same_process,
-                });
-            }
-        }
-    }
-    groups.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.tgid.cmp(&b.tgid)));
-    groups
-}
-
 fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
     let (p50, p99, from) = wait_quantiles(
         &t.runq_wait_samples,
@@ -364,26 +301,7 @@ pub fn summarize(rec: &Recording) -> Summary {
     let mut threads: Vec<ThreadSummary> =
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
     threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
-    let attributed: u64 = rec.preemptors.iter().map(|p| p.wait_ns).sum();
-    let mut preemptors: Vec<PreemptorSummary> = rec
-        .preemptors
-        .iter()
-        .map(|p| PreemptorSummary {
-            pid: p.pid,
-            tgid: p.tgid,
-            comm: p.comm.clone(),
-            wait_ns: p.wait_ns,
-            slices: p.slices,
-            wait_share: if attributed > 0 {
-                p.wait_ns as f64 / attributed as f64
-            } else {
-                0.0
-            },
-            same_process: p.tgid == rec.target.pid,
-        })
-        .collect();
-    preemptors.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.pid.cmp(&b.pid)));
-    let preemptor_processes = by_process(rec, &preemptors);
+    let (preemptors, preemptor_processes) = preemptors::summarize(rec);
     let mut migration_routes: Vec<RouteSummary> = rec
         .migration_routes
         .iter()
@@ -425,6 +343,7 @@ pub fn summarize(rec: &Recording) -> Summary {
         probe_mode: rec.probe_mode,
         probe_fallback_reason: rec.probe_fallback_reason.clone(),
         incomplete: rec.incomplete.clone(),
+        tracer_cost: rec.tracer_cost,
         dropped_events: rec.losses.ringbuf_dropped,
         events_received: rec.events_received,
         losses: rec.losses,

@@ -65,6 +65,8 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         cgroup: None,
         host: Default::default(),
         incomplete: None,
+        tracer_cost: None,
+        output_error: None,
         timeline: Default::default(),
     }
 }

@@ -67,6 +67,9 @@ enum Command {
     /// Print the JSON Schema of the --json document.
     #[command(hide = true)]
     Schema,
+    /// Empty programs on the tracer's tracepoints until Ctrl-C (the bench's floor).
+    #[command(hide = true)]
+    Floor,
 }
 
 /// How the recording is taken and shown, shared by attach, run and demo.
@@ -254,7 +257,11 @@ pub fn print_recording(rec: &Recording, json: bool, outputs: &OutputArgs) -> any
     } else {
         print!("{}", render::text::render(&summary));
     }
-    write_outputs(rec, &summary, outputs)
+    write_outputs(rec, &summary, outputs)?;
+    match &rec.output_error {
+        Some(e) => anyhow::bail!("{e}"),
+        None => Ok(()),
+    }
 }
 
 /// Writes the Perfetto and HTML files `outputs` asks for.
@@ -296,6 +303,7 @@ pub fn main() -> ExitCode {
         Command::Report(r) => report::run(r),
         Command::Workload(w) => workload::server::run(w),
         Command::Disturb(d) => workload::disturb::run(d),
+        Command::Floor => crate::sources::ebpf::floor::run(),
         Command::Schema => {
             print!("{}", render::json_schema());
             Ok(())

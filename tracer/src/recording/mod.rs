@@ -150,6 +150,18 @@ pub struct PreemptorRecord {
     pub slices: u64,
 }
 
+/// The tracer's own cost over the window, every thread of its process, user and system time
+/// (the BPF programs' time is charged to the tasks they run on, not here: `cargo xtask bench`
+/// measures that).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TracerCost {
+    pub cpu_ns: u64,
+    /// `cpu_ns` over the window: the share of one CPU.
+    pub cpu_share: f64,
+    /// The process's peak resident set, loading included.
+    pub peak_rss_bytes: u64,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MigrationRoute {
     pub tid: u32,
@@ -188,6 +200,13 @@ pub struct Recording {
     pub host: HostMeta,
     /// Set when this recording was recovered from an incomplete trace file: what is missing.
     pub incomplete: Option<String>,
+    /// What the tracer's own process cost over the window (absent from older files).
+    #[serde(default)]
+    pub tracer_cost: Option<TracerCost>,
+    /// Why the trace file could not be finished (a full disk): the recording is still whole,
+    /// so it is reported, and then the command fails with this.
+    #[serde(skip)]
+    pub output_error: Option<String>,
     /// The timeline records, kept when an output needs them (Perfetto, HTML).
     #[serde(skip)]
     pub timeline: Timeline,

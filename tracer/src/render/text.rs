@@ -135,6 +135,15 @@ pub fn render(s: &Summary) -> String {
             dur(c.throttled_ns)
         );
     }
+    if let Some(c) = &s.tracer_cost {
+        let _ = writeln!(
+            out,
+            "  tracer's own cost: {} CPU ({:.2} % of one CPU), peak RSS {:.1} MB",
+            dur(c.cpu_ns),
+            c.cpu_share * 100.0,
+            c.peak_rss_bytes as f64 / 1e6
+        );
+    }
     if s.dropped_events > 0 {
         let _ = writeln!(
             out,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use super::{SessionOptions, target_meta};
+use super::target_meta;
 use crate::{
     recording::{
         CgroupRecording, CudaTotals, EndReason, HostMeta, MigrationRoute, PreemptorRecord,
@@ -12,7 +12,7 @@ use crate::{
         counters::CounterTotals, gpu::GpuRecording,
     },
     sources::{
-        ebpf::{Reaped, SchedProbes, layout},
+        ebpf::{Reaped, SchedProbes},
         host::{self, Capabilities, GpuCapability},
         perf::Capability,
         process::{Target, ThreadInfo, comm_of},
@@ -56,7 +56,6 @@ fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
 /// Reads the kernel maps and joins everything into the recording.
 pub fn recording(
     target: &Target,
-    opts: &SessionOptions,
     probes: &mut SchedProbes,
     mut col: Collector,
     w: Ended,
@@ -109,11 +108,6 @@ pub fn recording(
         waits: col.take_waits(),
     };
     let threads = assemble_threads(inputs, w.start, w.end);
-    let btf_path = opts
-        .probes
-        .btf_path
-        .clone()
-        .unwrap_or_else(|| layout::VMLINUX_BTF.into());
     let mut rec = Recording {
         tracer_version: env!("CARGO_PKG_VERSION").into(),
         target: target_meta(target),
@@ -130,7 +124,7 @@ pub fn recording(
         events_received: col.records,
         capabilities: Capabilities {
             pmu: probes.pmu.clone(),
-            btf: host::btf(&btf_path),
+            btf: probes.btf_capability.clone(),
             tracefs: host::tracefs(),
             gpu: GpuCapability::from_parts(
                 w.gpu_capability,
@@ -147,6 +141,8 @@ pub fn recording(
         cgroup: w.cgroup,
         host: w.host,
         incomplete: None,
+        tracer_cost: None,
+        output_error: None,
         timeline: Default::default(),
     };
     col.finish_into(&mut rec);

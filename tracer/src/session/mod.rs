@@ -17,7 +17,9 @@ use tokio::{
 mod assemble;
 
 use crate::{
-    recording::{CgroupRecording, EndReason, Recording, TargetMeta, collect::Collector},
+    recording::{
+        CgroupRecording, EndReason, Recording, TargetMeta, TracerCost, collect::Collector,
+    },
     sources::{
         cgroup::ThrottleProbe,
         ebpf::{ProbeOptions, Reaped, SchedProbes, encode},
@@ -25,7 +27,7 @@ use crate::{
         host,
         perf::{Capability, CounterChoice, PerfSet, slot_name},
         privileges,
-        process::{Target, monotonic_ns},
+        process::{self, Target, monotonic_ns},
     },
     trace::{TraceMeta, writer::TraceWriter},
 };
@@ -129,6 +131,8 @@ pub async fn record(
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let host = host::host_meta(&cpus);
 
+    // Loading (the verifier) before the window: it is not part of what the window measures.
+    probes.verify()?;
     // The CUDA probes first: attaching them takes a while with a large libcuda, and they
     // only account CUDA calls, which the window's edges do not cut.
     probes.attach_cuda(target.pid)?;
@@ -136,6 +140,7 @@ pub async fn record(
         probes.attach_markers(target.pid, m)?;
     }
     let start = monotonic_ns();
+    let cpu_at_start = process::own_usage().0;
     probes.attach(|| target.threads().into_keys().collect())?;
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
@@ -221,7 +226,8 @@ pub async fn record(
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_uprobes();
-    drain(&mut probes, &mut col, &mut writer);
+    // Nothing more arrives once detached: take all that is left.
+    while drain(&mut probes, &mut col, &mut writer) > 0 {}
     if let Some(s) = throttle.as_ref().and_then(|t| t.sample(end)) {
         throttling.push(s);
     }
@@ -249,11 +255,20 @@ pub async fn record(
         }),
         host,
     };
-    let rec = assemble::recording(target, opts, &mut probes, col, ended)?;
+    let mut rec = assemble::recording(target, &mut probes, col, ended)?;
+    let (cpu, rss) = process::own_usage();
+    rec.tracer_cost = Some(TracerCost {
+        cpu_ns: cpu - cpu_at_start,
+        cpu_share: (cpu - cpu_at_start) as f64 / (end - start).max(1) as f64,
+        peak_rss_bytes: rss,
+    });
     if let Some(w) = writer {
-        let path = w.finish(&rec)?;
-        if opts.notices {
-            eprintln!("tracer: trace written to {}", path.display());
+        // A file that cannot be finished (full disk) must not cost the recording: it is still
+        // reported, and the command fails after.
+        match w.finish(&rec) {
+            Ok(path) if opts.notices => eprintln!("tracer: trace written to {}", path.display()),
+            Ok(_) => {}
+            Err(e) => rec.output_error = Some(format!("{e:#}")),
         }
     }
     Ok(rec)
@@ -261,13 +276,13 @@ pub async fn record(
 
 /// Takes every record in the ring buffer to the collector and, when writing a trace, to the
 /// file.
-fn drain(probes: &mut SchedProbes, col: &mut Collector, writer: &mut Option<TraceWriter>) {
+fn drain(probes: &mut SchedProbes, col: &mut Collector, writer: &mut Option<TraceWriter>) -> usize {
     probes.drain(|r| {
         if let Some(w) = writer.as_mut() {
             w.record(encode(&r));
         }
         col.on_record(r);
-    });
+    })
 }
 
 fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &SchedProbes) {

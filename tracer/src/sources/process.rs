@@ -54,8 +54,9 @@ impl Target {
             return Err(TracerError::BadTarget {
                 pid,
                 why: format!(
-                    "it has exited ({}, state {}) and has no threads left to trace",
-                    stat.comm, stat.state
+                    "it has exited ({}, a zombie its parent PID {} has not reaped) and has no \
+                     threads left to trace: give the PID of a running process",
+                    stat.comm, stat.ppid
                 ),
             });
         }
@@ -116,6 +117,17 @@ impl Target {
 /// The process ID and name of any task, for naming preemptors whose entry lacks them.
 pub fn comm_of(pid: u32) -> Option<String> {
     Process::new(pid as i32).ok()?.stat().ok().map(|s| s.comm)
+}
+
+/// This process's CPU time (user + system, every thread) and peak resident set, in bytes.
+pub fn own_usage() -> (u64, u64) {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF always exists.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    let cpu_ns = (us(ru.ru_utime) + us(ru.ru_stime)) * 1000;
+    (cpu_ns, ru.ru_maxrss as u64 * 1024)
 }
 
 /// Reads CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`.

@@ -34,8 +34,13 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, payload: &[u8]) -> Result<
 
 pub fn read(path: &Path) -> Result<TraceContents> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut r = BufReader::new(file);
-    read_header(&mut r).with_context(|| path.display().to_string())?;
+    read_from(BufReader::new(file), &path.display().to_string())
+}
+
+/// Reads a trace from any reader (`name` says where it came from, in errors): the file path
+/// above, and the fuzzer's bytes.
+pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents> {
+    read_header(&mut r).with_context(|| name.to_string())?;
     let (frames, damage) = read_frames(&mut r, 16);
     let mut meta = None;
     let mut out = TraceContents {
@@ -65,7 +70,7 @@ pub fn read(path: &Path) -> Result<TraceContents> {
         let why = out
             .damage
             .map_or("it has no metadata frame".to_string(), |d| d.to_string());
-        bail!("{}: nothing can be recovered: {why}", path.display());
+        bail!("{name}: nothing can be recovered: {why}");
     };
     out.meta = meta;
     Ok(out)

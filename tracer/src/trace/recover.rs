@@ -99,6 +99,8 @@ fn partial(
         ..Default::default()
     });
     Recording {
+        tracer_cost: None,
+        output_error: None,
         tracer_version: meta.tracer_version.clone(),
         target: meta.target.clone(),
         probe_mode: meta.probe_mode,

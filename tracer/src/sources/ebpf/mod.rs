@@ -5,6 +5,7 @@
 pub mod btf;
 pub mod cuda;
 mod elf;
+pub mod floor;
 pub mod layout;
 mod read;
 pub mod requests;
@@ -31,7 +32,8 @@ use tracer_common::{Config, CudaThread, ThreadCounters, ThreadStats};
 use crate::{error::TracerError, sources::perf::PerfSet};
 
 /// The eBPF object built by build.rs from `tracer-ebpf`.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-probes"));
+pub(crate) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-probes"));
 
 /// Which family of tracepoints to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -130,6 +132,10 @@ pub struct SchedProbes {
     links: Vec<Link>,
     events: AsyncFd<RingBuf<MapData>>,
     btf: Option<Btf>,
+    /// The programs are loaded (verified), not necessarily attached.
+    loaded: bool,
+    /// What `capabilities.btf` says: from the load, so the BTF is not parsed again.
+    pub btf_capability: crate::sources::perf::Capability,
     /// Why tp_btf was not used, when it was not.
     pub fallback_reason: Option<String>,
     /// The PMU capability and the counter slots the programs read.
@@ -220,7 +226,15 @@ impl SchedProbes {
             mode,
             links: Vec::new(),
             events,
+            btf_capability: match &btf {
+                Some(_) => crate::sources::perf::Capability {
+                    available: true,
+                    reason: format!("{} parsed; task_struct offsets found", btf_path.display()),
+                },
+                None => crate::sources::host::btf(&btf_path),
+            },
             btf,
+            loaded: false,
             fallback_reason,
             pmu: perf.pmu.clone(),
             counter_mask: perf.mask,
@@ -240,7 +254,9 @@ impl SchedProbes {
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
     /// need them; tp_btf filters on the TGID alone).
     pub fn attach(&mut self, threads: impl Fn() -> Vec<u32>) -> Result<()> {
-        self.verify()?;
+        if !self.loaded {
+            self.verify()?;
+        }
         match self.mode {
             ProbeMode::TpBtf => {
                 for (name, _) in BTF_PROGRAMS {
@@ -297,6 +313,8 @@ impl SchedProbes {
                     prog.load(tracepoint, btf)
                         .map_err(|e| load_error(format!("{name}: {e:#}")))?;
                 }
+                // The parsed BTF (tens of MB) is not needed once the programs are in.
+                self.btf = None;
             }
             ProbeMode::Classic => {
                 for (name, _, _) in CLASSIC_PROGRAMS {
@@ -310,6 +328,7 @@ impl SchedProbes {
                 }
             }
         }
+        self.loaded = true;
         Ok(())
     }
 
@@ -360,10 +379,16 @@ impl SchedProbes {
     }
 
     /// Takes every record now in the ring buffer.
+    /// Hands at most `DRAIN_MAX` records to `f`; returns how many it took. Bounded: when the
+    /// target produces events as fast as they are read, an unbounded drain never returns, and
+    /// the recording would never see its deadline or a signal.
     pub fn drain(&mut self, mut f: impl FnMut(Record)) -> usize {
+        const DRAIN_MAX: usize = 1 << 16;
         let ring = self.events.get_mut();
         let mut n = 0;
-        while let Some(item) = ring.next() {
+        while n < DRAIN_MAX
+            && let Some(item) = ring.next()
+        {
             if let Some(rec) = decode(&item) {
                 f(rec);
                 n += 1;
@@ -401,7 +426,7 @@ fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
 }
 
 /// Number of possible CPUs: CPU numbers index per-CPU maps.
-fn possible_cpus() -> Result<u32> {
+pub(crate) fn possible_cpus() -> Result<u32> {
     Ok(aya::util::nr_cpus()
         .map_err(|(what, e)| anyhow!("{what}: {e}"))?
         .max(1) as u32)
