@@ -131,8 +131,6 @@ pub async fn record(
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let host = host::host_meta(&cpus);
 
-    // Loading (the verifier) before the window: it is not part of what the window measures.
-    probes.verify()?;
     // The CUDA probes first: attaching them takes a while with a large libcuda, and they
     // only account CUDA calls, which the window's edges do not cut.
     probes.attach_cuda(target.pid)?;

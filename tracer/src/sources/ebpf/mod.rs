@@ -131,9 +131,6 @@ pub struct SchedProbes {
     mode: ProbeMode,
     links: Vec<Link>,
     events: AsyncFd<RingBuf<MapData>>,
-    btf: Option<Btf>,
-    /// The programs are loaded (verified), not necessarily attached.
-    loaded: bool,
     /// What `capabilities.btf` says: from the load, so the BTF is not parsed again.
     pub btf_capability: crate::sources::perf::Capability,
     /// Why tp_btf was not used, when it was not.
@@ -156,7 +153,8 @@ fn load_error(e: impl std::fmt::Display) -> TracerError {
 
 impl SchedProbes {
     /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
-    /// each of its context switches; nothing is attached yet.
+    /// each of its context switches: every program through the verifier, nothing attached yet
+    /// (what `tracer doctor` checks).
     pub fn load(target_tgid: u32, opts: &ProbeOptions, perf: &PerfSet) -> Result<Self> {
         if OBJECT.is_empty() {
             return Err(load_error(
@@ -216,6 +214,20 @@ impl SchedProbes {
             .load(OBJECT)
             .map_err(|e| load_error(format!("{e:#}")))?;
         install_counters(&ebpf, perf)?;
+        load_programs(&mut ebpf, mode, btf.as_ref())?;
+        let btf_capability = match &btf {
+            Some(_) => crate::sources::perf::Capability {
+                available: true,
+                reason: format!("{} parsed; task_struct offsets found", btf_path.display()),
+            },
+            None => crate::sources::host::btf(&btf_path),
+        };
+        // The parsed BTF (27 MB here) is done with once the programs are in; handing it back
+        // before the ring buffer is mapped (twice its size, all resident) keeps the two out
+        // of the same peak (BENCHMARKS.md).
+        drop(btf);
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
         // SAFETY: the ring buffer owns its map fd, which stays open as long as the AsyncFd holds
         // the ring buffer.
@@ -226,15 +238,7 @@ impl SchedProbes {
             mode,
             links: Vec::new(),
             events,
-            btf_capability: match &btf {
-                Some(_) => crate::sources::perf::Capability {
-                    available: true,
-                    reason: format!("{} parsed; task_struct offsets found", btf_path.display()),
-                },
-                None => crate::sources::host::btf(&btf_path),
-            },
-            btf,
-            loaded: false,
+            btf_capability,
             fallback_reason,
             pmu: perf.pmu.clone(),
             counter_mask: perf.mask,
@@ -254,9 +258,6 @@ impl SchedProbes {
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
     /// need them; tp_btf filters on the TGID alone).
     pub fn attach(&mut self, threads: impl Fn() -> Vec<u32>) -> Result<()> {
-        if !self.loaded {
-            self.verify()?;
-        }
         match self.mode {
             ProbeMode::TpBtf => {
                 for (name, _) in BTF_PROGRAMS {
@@ -295,40 +296,6 @@ impl SchedProbes {
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Loads every program of the chosen family into the kernel (through the verifier) without
-    /// attaching anything: what `tracer doctor` checks.
-    pub fn verify(&mut self) -> Result<()> {
-        match self.mode {
-            ProbeMode::TpBtf => {
-                let btf = self.btf.as_ref().context("BTF")?;
-                for (name, tracepoint) in BTF_PROGRAMS {
-                    let prog: &mut BtfTracePoint = self
-                        .ebpf
-                        .program_mut(name)
-                        .with_context(|| format!("program {name}"))?
-                        .try_into()?;
-                    prog.load(tracepoint, btf)
-                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
-                }
-                // The parsed BTF (tens of MB) is not needed once the programs are in.
-                self.btf = None;
-            }
-            ProbeMode::Classic => {
-                for (name, _, _) in CLASSIC_PROGRAMS {
-                    let prog: &mut TracePoint = self
-                        .ebpf
-                        .program_mut(name)
-                        .with_context(|| format!("program {name}"))?
-                        .try_into()?;
-                    prog.load()
-                        .map_err(|e| load_error(format!("{name}: {e:#}")))?;
-                }
-            }
-        }
-        self.loaded = true;
         Ok(())
     }
 
@@ -410,6 +377,35 @@ impl Drop for SchedProbes {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// Loads every program of the chosen family into the kernel (through the verifier), attaching
+/// nothing.
+fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<()> {
+    match mode {
+        ProbeMode::TpBtf => {
+            let btf = btf.context("BTF")?;
+            for (name, tracepoint) in BTF_PROGRAMS {
+                let prog: &mut BtfTracePoint = ebpf
+                    .program_mut(name)
+                    .with_context(|| format!("program {name}"))?
+                    .try_into()?;
+                prog.load(tracepoint, btf)
+                    .map_err(|e| load_error(format!("{name}: {e:#}")))?;
+            }
+        }
+        ProbeMode::Classic => {
+            for (name, _, _) in CLASSIC_PROGRAMS {
+                let prog: &mut TracePoint = ebpf
+                    .program_mut(name)
+                    .with_context(|| format!("program {name}"))?
+                    .try_into()?;
+                prog.load()
+                    .map_err(|e| load_error(format!("{name}: {e:#}")))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
