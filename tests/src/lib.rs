@@ -371,6 +371,20 @@ pub fn run_tracer(args: &[&str]) -> Finished {
     }
 }
 
+/// `tracer attach --json` on `pid` for `duration` (or until it exits); it must succeed.
+pub fn attach_json(pid: u32, duration: &str) -> serde_json::Value {
+    let out = run_tracer(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        duration,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    out.json()
+}
+
 /// The thread entry of `tid` in a summary document.
 pub fn thread_json(doc: &serde_json::Value, tid: u32) -> &serde_json::Value {
     doc["threads"]

@@ -5,7 +5,9 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use tracer_tests::{Testload, Tracer, field, require_root, run_tracer, serial, thread_json, u};
+use tracer_tests::{
+    Testload, Tracer, attach_json, field, require_root, run_tracer, serial, thread_json, u,
+};
 
 /// Builds the stand-in as `libcuda.so.1` in a fresh directory.
 fn fake_libcuda() -> PathBuf {
@@ -80,10 +82,7 @@ fn a_process_without_cuda_is_said_to_be_one() {
     let _guard = serial();
     require_root();
     let load = Testload::spawn(&["mixed", "1"]);
-    let pid = load.pid.to_string();
-    let out = run_tracer(&["attach", "--pid", &pid, "--duration", "300ms", "--json"]);
-    assert!(out.status.success(), "{}", out.stderr);
-    let doc = out.json();
+    let doc = attach_json(load.pid, "300ms");
     let gpu = &doc["capabilities"]["gpu"];
     assert_eq!(gpu["cuda"]["available"], false);
     assert!(
@@ -100,7 +99,13 @@ fn a_process_without_cuda_is_said_to_be_one() {
         assert!(doc["gpu"].is_null());
     }
     assert_eq!(doc["cuda"]["measured"], false);
-    let text = run_tracer(&["attach", "--pid", &pid, "--duration", "300ms"]);
+    let text = run_tracer(&[
+        "attach",
+        "--pid",
+        &load.pid.to_string(),
+        "--duration",
+        "300ms",
+    ]);
     assert!(
         text.stdout.contains("CUDA waits: not measured"),
         "{}",

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_tests::{Tracer, require_root, run_tracer, serial, tracer_bin, u};
+use tracer_tests::{Tracer, attach_json, require_root, run_tracer, serial, tracer_bin, u};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tracer-rel-{name}-{}", std::process::id()));
@@ -46,18 +46,6 @@ fn busy() -> Kill {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )
-}
-
-/// `attach --json` on `pid` for long enough that the target's exit ends it.
-fn attach_until_exit(pid: u32) -> tracer_tests::Finished {
-    run_tracer(&[
-        "attach",
-        "--pid",
-        &pid.to_string(),
-        "--duration",
-        "30s",
-        "--json",
-    ])
 }
 
 fn one_line_error(out: &tracer_tests::Finished, code: i32, needle: &str) {
@@ -113,14 +101,12 @@ fn a_target_that_exits_ends_the_recording_with_what_was_recorded() {
         .spawn()
         .unwrap();
     let t0 = Instant::now();
-    let out = attach_until_exit(child.id());
+    let doc = attach_json(child.id(), "30s");
     let _ = child.wait();
-    assert!(out.status.success(), "{}", out.stderr);
     assert!(
         t0.elapsed() < Duration::from_secs(20),
         "it waited for the duration"
     );
-    let doc = out.json();
     assert_eq!(doc["end_reason"], "target_exited");
     assert!(u(&doc["target_exited_ns"]) >= u(&doc["start_ns"]));
     // What it did before exiting is there: its sleeps.
@@ -318,13 +304,11 @@ fn a_target_churning_a_thousand_threads_a_second_is_followed() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = attach_until_exit(child.id());
+    let doc = attach_json(child.id(), "30s");
     let made: u64 = String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
         .trim()
         .parse()
         .unwrap();
-    assert!(out.status.success(), "{}", out.stderr);
-    let doc = out.json();
     let threads = doc["threads"].as_array().unwrap().len() as u64;
     assert!(made >= 1000, "the target made only {made} threads");
     // Every thread the target made after the attach is in the summary (the few made before
