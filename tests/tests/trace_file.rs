@@ -376,28 +376,23 @@ fn output_paths_that_cannot_be_written_fail_before_recording() {
     let target = dir.join("real.trace");
     let link = dir.join("link.trace");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    let out = run_tracer(&[
-        "attach",
-        "--pid",
-        &pid,
-        "-d",
-        "200ms",
-        "-o",
-        link.to_str().unwrap(),
-    ]);
+    let record_to = |path: &Path| {
+        run_tracer(&[
+            "attach",
+            "--pid",
+            &pid,
+            "-d",
+            "200ms",
+            "-o",
+            path.to_str().unwrap(),
+        ])
+    };
+    let out = record_to(&link);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("symbolic link"), "{}", out.stderr);
     assert!(!target.exists(), "wrote through the link");
     let nodir = dir.join("no/such/dir/x.trace");
-    let out = run_tracer(&[
-        "attach",
-        "--pid",
-        &pid,
-        "-d",
-        "200ms",
-        "-o",
-        nodir.to_str().unwrap(),
-    ]);
+    let out = record_to(&nodir);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("directory exists"), "{}", out.stderr);
     assert!(

@@ -22,7 +22,11 @@ use nvml_wrapper::{
     gpm::{GpmSample, gpm_metrics_get},
 };
 
-use super::{host, perf::Capability, process::monotonic_ns};
+use super::{
+    host,
+    perf::Capability,
+    process::{monotonic_ns, realtime_ns, thread_cpu_ns},
+};
 use crate::recording::gpu::{
     CallCost, ClockAlignment, GpmValues, GpuDevice, GpuPoll, GpuRecording, UtilKind, UtilSample,
     intervals,
@@ -32,26 +36,6 @@ pub struct GpuOptions {
     /// `index` or `uuid` of the one GPU to sample; default: those the target uses, else all.
     pub select: Option<String>,
     pub interval: Duration,
-}
-
-fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into our timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Measures monotonic - realtime: the tightest of several (realtime, monotonic, realtime)

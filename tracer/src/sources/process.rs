@@ -135,6 +135,16 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Reads CLOCK_REALTIME (NVML's driver samples are stamped with it).
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// The calling thread's own CPU time.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

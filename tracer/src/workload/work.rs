@@ -4,6 +4,8 @@
 //! dependent walk through it (each step waits for the load before), so its speed is the
 //! speed of the cache level the working set lives in.
 
+use crate::sources::process::thread_cpu_ns;
+
 const LINE: usize = 64;
 const WORDS_PER_LINE: usize = LINE / 8;
 
@@ -13,16 +15,6 @@ pub struct Work {
     walk: Vec<u64>,
     pos: usize,
     acc: u64,
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into our timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A random cyclic order of `lines` cache lines (Sattolo's algorithm, fixed seed): a walk that

@@ -117,6 +117,16 @@ impl Ctx {
         .to_vec()
     }
 
+    /// A sleeping process, and `tracer attach` on it from the observer CPU: every event the
+    /// tracer sees takes its early exit. The caller kills the sleeper.
+    fn attach_unrelated(&self) -> Result<(Child, Command)> {
+        let sleeper = Command::new("sleep").arg("3600").spawn()?;
+        let mut c = self.observer(&self.tracer);
+        c.args(["attach", "--pid", &sleeper.id().to_string()])
+            .args(["--duration", "1h", "--json"]);
+        Ok((sleeper, c))
+    }
+
     /// A command pinned to the observer CPU, as root.
     fn observer(&self, program: &Path) -> Command {
         let mut c = as_root("taskset");
@@ -224,10 +234,7 @@ fn once(ctx: &Ctx, config: Config, round: u32) -> Result<Run> {
             output_of(c, "perf bench")?
         }
         Config::TracerUnrelated => {
-            let mut sleeper = Command::new("sleep").arg("3600").spawn()?;
-            let mut c = ctx.observer(&ctx.tracer);
-            c.args(["attach", "--pid", &sleeper.id().to_string()])
-                .args(["--duration", "1h", "--json"]);
+            let (mut sleeper, c) = ctx.attach_unrelated()?;
             let obs = start_observer(c, "tracer: recording", false);
             let result = obs.and_then(|mut obs| {
                 let mut b = Command::new(&bench[0]);

@@ -101,10 +101,7 @@ pub fn bpf_run_stats(ctx: &Ctx, expected: Duration) -> Result<Value> {
         status?;
         Ok(delta(&a, &b))
     };
-    let mut sleeper = Command::new("sleep").arg("3600").spawn()?;
-    let mut c = ctx.observer(&ctx.tracer);
-    c.args(["attach", "--pid", &sleeper.id().to_string()])
-        .args(["--duration", "1h", "--json"]);
+    let (mut sleeper, c) = ctx.attach_unrelated()?;
     let unrelated = around_bench(c, "tracer: recording");
     let _ = sleeper.kill();
     let _ = sleeper.wait();
