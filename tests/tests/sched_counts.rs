@@ -83,6 +83,19 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
             "tid {tid}: tracer (vol, invol, migr) vs /proc delta"
         );
         activity += d.voluntary + d.involuntary;
+        if u(&doc["dropped_events"]) == 0 {
+            // Every complete run-queue wait the kernel counted reached userspace in a
+            // switch-in record and was classified there, including the records still in the
+            // per-CPU batches when the programs were detached.
+            let c = &t["wait_classes"];
+            let classified =
+                u(&c["contention_waits"]) + u(&c["migration_waits"]) + u(&c["idle_cpu_waits"]);
+            assert_eq!(
+                classified,
+                u(&t["runq_waits"]),
+                "tid {tid}: classified waits vs the kernel's count: {c}"
+            );
+        }
     }
     // The scenario really switched a lot: 3 workers x 150 sleeps, plus yields.
     assert!(activity > 450, "too little activity to compare: {activity}");

@@ -62,6 +62,9 @@ pub const FLAG_EXITED: u32 = 2;
 /// `ThreadStats::flags`: the entry was created when the map was full of other entries and
 /// an earlier insert failed, so the counts may start late.
 pub const FLAG_LATE: u32 = 4;
+/// `ThreadStats::flags`, kernel side only: the thread was moved to another CPU while it waited
+/// in a run queue (its current wait is a `WaitCode::Migration`).
+pub const FLAG_MOVED: u32 = 8;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///
@@ -261,11 +264,71 @@ pub struct Event {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC.
     pub ts_ns: u64,
     pub tid: u32,
-    /// `EventKind`.
+    /// `EventKind` in the low byte; for a `SwitchIn`, the `WaitCode` of the wait it ends in
+    /// the next bits (`WAIT_CODE_SHIFT`). Records of trace format 1 have no wait code.
     pub kind: u32,
     pub cpu: u32,
     pub aux: u32,
     pub value: u64,
+}
+
+/// Where a `SwitchIn` record keeps its `WaitCode`.
+pub const WAIT_CODE_SHIFT: u32 = 8;
+const KIND_MASK: u32 = 0xff;
+
+/// What kind of run-queue wait a switch-in ended, decided in the kernel from the thread's
+/// state there (records arrive grouped by CPU, not in time order, so userspace cannot
+/// follow a thread's transitions as they come).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitCode {
+    /// Not classified (trace format 1, or the switch-in did not end a wait).
+    None = 0,
+    /// Another task held the CPU.
+    Contention = 1,
+    /// The thread was moved to another CPU while it waited.
+    Migration = 2,
+    /// The CPU was idle when the thread got it.
+    IdleCpu = 3,
+}
+
+impl Event {
+    /// The record's `EventKind`, without the wait code.
+    #[inline(always)]
+    pub fn event_kind(&self) -> Result<EventKind, u32> {
+        EventKind::try_from(self.kind & KIND_MASK)
+    }
+
+    #[inline(always)]
+    pub fn wait_code(&self) -> WaitCode {
+        match (self.kind >> WAIT_CODE_SHIFT) & 3 {
+            1 => WaitCode::Contention,
+            2 => WaitCode::Migration,
+            3 => WaitCode::IdleCpu,
+            _ => WaitCode::None,
+        }
+    }
+}
+
+/// Room for the records a CPU gathers before sending them to the ring buffer as one (a power
+/// of two; the loader may set a smaller `Config::batch_bytes`).
+pub const BATCH_BYTES: usize = 4096;
+const _: () = assert!(BATCH_BYTES.is_power_of_two());
+
+/// Per-CPU records not yet sent (the kernel side's `BATCH` map). The ring buffer costs about
+/// 170 ns per record on our VMs whatever its size, so the scheduler programs append their
+/// records here and send them together; the reader takes what is left after detaching.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct BatchBuf {
+    /// Bytes used in `bytes`: records back to back, each told by its kind.
+    pub len: u32,
+    /// How many records `len` bytes hold (for the drop count if the ring buffer is full).
+    pub records: u32,
+    /// `jiffies` when the first record went in: the batch is sent at the first context switch
+    /// on its CPU after the next tick, so nothing waits in it longer than about a tick.
+    pub first_jiffies: u64,
+    pub bytes: [u8; BATCH_BYTES],
 }
 
 /// Number of perf counter slots (`PerfSlot`).
@@ -501,6 +564,9 @@ pub struct Config {
     pub newtask_pid_off: u32,
     pub newtask_flags_off: u32,
     pub newtask_comm_off: u32,
+    /// Send a CPU's batch once it holds this many bytes (at most `BATCH_BYTES`; less for a
+    /// small ring buffer, which a full batch would not fit).
+    pub batch_bytes: u32,
 }
 
 impl Config {
@@ -527,6 +593,7 @@ impl Config {
             newtask_pid_off: 0,
             newtask_flags_off: 0,
             newtask_comm_off: 0,
+            batch_bytes: BATCH_BYTES as u32,
         }
     }
 }
@@ -577,6 +644,7 @@ mod pod {
     unsafe impl aya::Pod for super::CounterReading {}
     unsafe impl aya::Pod for super::CounterSlice {}
     unsafe impl aya::Pod for super::CudaThread {}
+    unsafe impl aya::Pod for super::BatchBuf {}
 }
 
 #[cfg(test)]
@@ -594,7 +662,8 @@ mod tests {
             core::mem::size_of::<ThreadStats>(),
             4 + 4 + 16 + 4 + 4 + 8 * 13 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 21 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 22 * 4);
+        assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 48);
         assert_eq!(

@@ -12,9 +12,9 @@ use tracer_common::{
 };
 
 use crate::maps::{
-    COUNTERS_TEMPLATE, PERF_CONTEXT_SWITCHES, PERF_CPU_CLOCK, PERF_CPU_MIGRATIONS, PERF_CYCLES,
-    PERF_INSTRUCTIONS, PERF_LLC_MISSES, PERF_LLC_REFERENCES, THREAD_COUNTERS, config, count,
-    emit_bytes,
+    Batch, COUNTERS_TEMPLATE, PERF_CONTEXT_SWITCHES, PERF_CPU_CLOCK, PERF_CPU_MIGRATIONS,
+    PERF_CYCLES, PERF_INSTRUCTIONS, PERF_LLC_MISSES, PERF_LLC_REFERENCES, THREAD_COUNTERS, config,
+    count,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -87,7 +87,7 @@ pub fn slice_begin(tid: u32, now: u64) {
 
 /// A target thread leaves `cpu`: charge it the deltas since `slice_begin`.
 #[inline(always)]
-pub fn slice_end(tid: u32, cpu: u32, now: u64) {
+pub fn slice_end(tid: u32, cpu: u32, now: u64, out: &mut Batch) {
     if config!(counter_mask) == 0 {
         return;
     }
@@ -125,5 +125,5 @@ pub fn slice_end(tid: u32, cpu: u32, now: u64) {
         slice.valid |= 1 << k;
     }
     c.valid = 0;
-    emit_bytes(&slice);
+    out.push(&slice);
 }

@@ -1,12 +1,14 @@
 //! Maps and the load-time configuration shared by every program.
 
 use aya_ebpf::{
+    helpers::generated::bpf_jiffies64,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use tracer_common::{
-    COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread, Event, MAX_MIGRATION_ROUTES,
-    MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor, ThreadCounters, ThreadStats,
+    BATCH_BYTES, BatchBuf, COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread, Event,
+    MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor, ThreadCounters,
+    ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -94,9 +96,14 @@ pub static TARGET_TIDS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_THREAD
 
 #[inline(always)]
 pub fn count(counter: Counter) {
+    add(counter, 1);
+}
+
+#[inline(always)]
+pub fn add(counter: Counter, n: u64) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // Per-CPU slot: no other CPU writes it.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
     }
 }
 
@@ -104,21 +111,94 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Queues a record without waking the reader, unless the buffer is filling up: the reader
-/// drains on a timer, and a wakeup per event would make the tracer itself preempt the target.
+/// Wake the reader only when the buffer is filling up: it drains on a timer, and a wakeup per
+/// record would make the tracer itself preempt the target.
 #[inline(always)]
-pub fn emit_bytes<T>(record: &T) {
-    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= config!(ring_wakeup_bytes) as u64 {
+fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= config!(ring_wakeup_bytes) as u64 {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
-    };
-    if EVENTS.output::<T>(record, flags).is_err() {
+    }
+}
+
+/// Queues one record on its own.
+#[inline(always)]
+pub fn emit(event: &Event) {
+    if EVENTS.output::<Event>(event, wakeup_flags()).is_err() {
         count(Counter::RingbufDropped);
     }
 }
 
-#[inline(always)]
-pub fn emit(event: &Event) {
-    emit_bytes(event);
+/// Per-CPU records not yet sent (see `tracer_common::BatchBuf`).
+#[map]
+pub static BATCH: PerCpuArray<BatchBuf> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's batch. Only programs that run with interrupts disabled use it (sched_switch,
+/// sched_wakeup(_new) and sched_migrate_task all fire under a run-queue or `pi_lock` spinlock
+/// taken with interrupts off), so no other program can run on this CPU while one of them is
+/// appending to it. The uprobes and the fork and exit tracepoints, which run with interrupts
+/// on, send their records on their own (`emit`).
+pub struct Batch(&'static mut BatchBuf);
+
+impl Batch {
+    #[inline(always)]
+    pub fn get() -> Option<Batch> {
+        let b = BATCH.get_ptr_mut(0)?;
+        Some(Batch(unsafe { &mut *b }))
+    }
+
+    /// Appends a record, sending the batch first if the record would not fit.
+    #[inline(always)]
+    pub fn push<T: Copy>(&mut self, record: &T) {
+        const { assert!(size_of::<T>().is_multiple_of(8)) };
+        let n = size_of::<T>();
+        // Send first if the record would fill the batch: `len` stays below the limit, which is
+        // at most BATCH_BYTES.
+        if self.0.len as usize + n >= config!(batch_bytes) as usize {
+            self.send();
+        }
+        let len = self.0.len as usize;
+        // Also what lets the verifier accept the variable offset. The batch never fills up
+        // completely, so that `send` can bound its length with a mask (see there).
+        if len >= BATCH_BYTES - n {
+            count(Counter::RingbufDropped);
+            return;
+        }
+        if len == 0 {
+            self.0.first_jiffies = unsafe { bpf_jiffies64() };
+        }
+        // Every record's size is a multiple of 8 and the buffer is 8-aligned, so this is an
+        // aligned write: 8-byte stores rather than the byte stores an unaligned one becomes.
+        unsafe { core::ptr::write(self.0.bytes.as_mut_ptr().add(len).cast::<T>(), *record) };
+        self.0.len = (len + n) as u32;
+        self.0.records += 1;
+    }
+
+    /// Sends the batch if a tick has passed since its first record, or now if `now` (the CPU
+    /// is going idle: nothing else would send it soon).
+    #[inline(always)]
+    pub fn age(&mut self, now: bool) {
+        if self.0.len != 0 && (now || unsafe { bpf_jiffies64() } != self.0.first_jiffies) {
+            self.send();
+        }
+    }
+
+    #[inline(always)]
+    pub fn send(&mut self) {
+        // `push` keeps it below BATCH_BYTES, a power of two, so the mask changes nothing; it
+        // is there for the verifier, which cannot follow a comparison when the compiler
+        // checks one copy of a register and passes another to the helper.
+        let len = self.0.len as usize & (BATCH_BYTES - 1);
+        let records = self.0.records;
+        self.0.len = 0;
+        self.0.records = 0;
+        if len == 0 {
+            return;
+        }
+        let bytes = &self.0.bytes[..len];
+        if EVENTS.output::<[u8]>(bytes, wakeup_flags()).is_err() {
+            add(Counter::RingbufDropped, records as u64);
+        }
+    }
 }

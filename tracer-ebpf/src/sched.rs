@@ -11,12 +11,12 @@ use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, generated,
 };
 use tracer_common::{
-    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXITED, MigrationKey,
-    Preemptor, ThreadState, ThreadStats, hist_slot,
+    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXITED, FLAG_MOVED,
+    MigrationKey, Preemptor, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
 };
 
 use crate::maps::{
-    CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_TEMPLATE, THREADS, config, count, emit,
+    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_TEMPLATE, THREADS, config, count, emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -179,15 +179,16 @@ fn charge(w: &mut CpuWait, now: u64, pid: u32, tgid: u32) {
     }
 }
 
-fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) {
-    emit(&Event {
+#[inline(always)]
+fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) -> Event {
+    Event {
         ts_ns,
         tid,
         kind: kind as u32,
         cpu,
         aux,
         value,
-    });
+    }
 }
 
 /// A context switch on `cpu`, as the tracepoint reports it.
@@ -205,28 +206,42 @@ pub struct Switch {
 
 #[inline(always)]
 pub fn on_switch(cpu: u32, sw: &Switch) {
+    let Some(mut out) = Batch::get() else {
+        return;
+    };
     let wait = CPU_WAIT.get_ptr_mut(cpu);
     let owing = match wait {
         Some(w) => unsafe { (*w).waiters != 0 || (*w).pending_ns != 0 },
         None => false,
     };
-    // The path every non-target switch takes: nothing to record.
+    // The path every non-target switch takes: nothing to record, only this CPU's batch to send
+    // if it has waited a tick or the CPU goes idle.
     if !sw.prev_target && !sw.next_target && !owing {
+        out.age(sw.next_pid == 0);
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    if sw.prev_target {
-        repair_unseen_switch_in(sw.prev_pid);
+    let tgid = config!(target_tgid);
+    let mut prev = if sw.prev_target {
+        thread(sw.prev_pid, tgid, Comm::Current)
+    } else {
+        None
+    };
+    if let Some(t) = prev.as_deref_mut() {
+        repair_unseen_switch_in(t);
     }
     if owing && let Some(w) = wait {
         charge(unsafe { &mut *w }, now, sw.prev_pid, sw.prev_tgid);
     }
-    if sw.prev_target {
-        switch_out(cpu, now, sw);
+    if let Some(t) = prev {
+        switch_out(t, cpu, now, sw, &mut out);
     }
-    if sw.next_target {
-        switch_in(cpu, now, sw);
+    if sw.next_target
+        && let Some(t) = thread(sw.next_pid, tgid, sw.next_comm)
+    {
+        switch_in(t, cpu, now, sw, &mut out);
     }
+    out.age(sw.next_pid == 0);
 }
 
 /// A target thread is switching out, so it is running, but the probes last saw it waiting: the
@@ -238,11 +253,7 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
 /// cannot be told apart from running, so no one is charged); the time since the thread was
 /// last seen waiting counts as on-CPU, since in case (2) the untraced task runs only briefly.
 #[inline(always)]
-fn repair_unseen_switch_in(tid: u32) {
-    let Some(t) = THREADS.get_ptr_mut(tid) else {
-        return;
-    };
-    let t = unsafe { &mut *t };
+fn repair_unseen_switch_in(t: &mut ThreadStats) {
     if t.state != ThreadState::Runnable as u32 {
         return;
     }
@@ -260,14 +271,11 @@ fn repair_unseen_switch_in(tid: u32) {
 }
 
 #[inline(always)]
-fn switch_out(cpu: u32, now: u64, sw: &Switch) {
-    let tgid = config!(target_tgid);
-    let Some(t) = thread(sw.prev_pid, tgid, Comm::Current) else {
-        return;
-    };
+fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     let slice = leave(t, now, ThreadState::Running);
-    crate::counters::slice_end(sw.prev_pid, cpu, now);
+    crate::counters::slice_end(sw.prev_pid, cpu, now, out);
     t.last_cpu = cpu;
+    t.flags &= !FLAG_MOVED;
     let involuntary = sw.preempt || sw.prev_state == 0;
     if involuntary {
         t.involuntary_switches += 1;
@@ -285,22 +293,18 @@ fn switch_out(cpu: u32, now: u64, sw: &Switch) {
         enter(t, state, now);
         t.wait_cpu = NO_CPU;
     }
-    event(
+    out.push(&event(
         now,
         sw.prev_pid,
         EventKind::SwitchOut,
         cpu,
         involuntary as u32,
         slice,
-    );
+    ));
 }
 
 #[inline(always)]
-fn switch_in(cpu: u32, now: u64, sw: &Switch) {
-    let tgid = config!(target_tgid);
-    let Some(t) = thread(sw.next_pid, tgid, sw.next_comm) else {
-        return;
-    };
+fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     let was = t.state;
     if was == ThreadState::Running as u32 {
         // Its last switch out was not traced; the interval closes as running.
@@ -327,7 +331,16 @@ fn switch_in(cpu: u32, now: u64, sw: &Switch) {
     } else {
         0
     };
-    event(
+    // The same rules as userspace's WaitTracker, which needs the events in time order.
+    let code = if t.flags & FLAG_MOVED != 0 {
+        WaitCode::Migration
+    } else if sw.prev_pid == 0 {
+        WaitCode::IdleCpu
+    } else {
+        WaitCode::Contention
+    };
+    t.flags &= !FLAG_MOVED;
+    let mut ev = event(
         now,
         sw.next_pid,
         EventKind::SwitchIn,
@@ -335,6 +348,8 @@ fn switch_in(cpu: u32, now: u64, sw: &Switch) {
         sw.prev_pid,
         waited,
     );
+    ev.kind |= (code as u32) << WAIT_CODE_SHIFT;
+    out.push(&ev);
 }
 
 /// A target thread was woken (or, with `new`, woken for the first time after creation), and
@@ -355,13 +370,15 @@ pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm) {
     enter(t, ThreadState::Runnable, now);
     t.wait_cpu = cpu;
     waiter_add(cpu, now);
-    let waker = bpf_get_current_pid_tgid() as u32;
     let kind = if new {
         EventKind::WakeupNew
     } else {
         EventKind::Wakeup
     };
-    event(now, tid, kind, cpu, waker, 0);
+    let waker = bpf_get_current_pid_tgid() as u32;
+    if let Some(mut out) = Batch::get() {
+        out.push(&event(now, tid, kind, cpu, waker, 0));
+    }
 }
 
 /// `set_task_cpu` on a target thread.
@@ -376,6 +393,9 @@ pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
     let now = unsafe { bpf_ktime_get_ns() };
     t.migrations += 1;
     // A runnable thread moved by the load balancer now waits in another run queue.
+    if t.state == ThreadState::Runnable as u32 {
+        t.flags |= FLAG_MOVED;
+    }
     if t.state == ThreadState::Runnable as u32 && t.wait_cpu != NO_CPU {
         waiter_remove(t.wait_cpu, now);
         waiter_add(to, now);
@@ -395,7 +415,9 @@ pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
             }
         }
     }
-    event(now, tid, EventKind::Migrate, to, from, 0);
+    if let Some(mut out) = Batch::get() {
+        out.push(&event(now, tid, EventKind::Migrate, to, from, 0));
+    }
 }
 
 /// A new thread of the target, created by `parent`.
@@ -412,7 +434,7 @@ pub fn on_thread_new(tid: u32, parent: u32, comm: Comm) {
     t.first_state = ThreadState::New as u32;
     t.first_ts_ns = now;
     enter(t, ThreadState::New, now);
-    event(now, tid, EventKind::ThreadNew, NO_CPU, parent, 0);
+    emit(&event(now, tid, EventKind::ThreadNew, NO_CPU, parent, 0));
 }
 
 /// The target thread `tid`, which is `current`, exits.
@@ -426,5 +448,5 @@ pub fn on_thread_exit(tid: u32) {
     t.exited_ts_ns = now;
     // Keep the name it had last, for the report.
     read_comm(&mut t.comm, Comm::Current);
-    event(now, tid, EventKind::ThreadExit, NO_CPU, 0, 0);
+    emit(&event(now, tid, EventKind::ThreadExit, NO_CPU, 0, 0));
 }

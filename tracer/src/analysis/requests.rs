@@ -372,7 +372,7 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     let llc = rec.counter_mask & llc_mask == llc_mask;
     let mut migrations: HashMap<u32, Vec<u64>> = HashMap::new();
     for ev in &rec.timeline.events {
-        if EventKind::try_from(ev.kind) == Ok(EventKind::Migrate) {
+        if ev.event_kind() == Ok(EventKind::Migrate) {
             migrations.entry(ev.tid).or_default().push(ev.ts_ns);
         }
     }

@@ -92,9 +92,9 @@ impl ThreadTimeline {
 }
 
 /// Rebuilds every thread's intervals over `[start, end]` from the events, in time order. The
-/// ring buffer delivers each CPU's events in order, but two CPUs' events can interleave a
-/// little out of order (a thread's switch-out on one CPU after its switch-in on the next); a
-/// stable sort by timestamp puts them back, keeping arrival order for equal stamps.
+/// kernel side sends each CPU's events in order, in batches (tracer-ebpf `Batch`), so the
+/// records of two CPUs interleave out of order; a stable sort by timestamp puts them back,
+/// keeping arrival order for equal stamps.
 pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTimeline> {
     let sorted;
     let events = if events.is_sorted_by_key(|e| e.ts_ns) {
@@ -108,7 +108,7 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
     let mut threads: BTreeMap<u32, ThreadTimeline> = BTreeMap::new();
     let mut tracker = WaitTracker::default();
     for ev in events {
-        let Ok(kind) = EventKind::try_from(ev.kind) else {
+        let Ok(kind) = ev.event_kind() else {
             continue;
         };
         let ended = tracker.on_event(ev);
@@ -131,7 +131,8 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
                     && last.state == State::Runnable
                     && last.end_ns == ts
                 {
-                    last.wait = Some((w.kind, w.prev_tid));
+                    // The kernel's classification where the record has it (the same rules).
+                    last.wait = Some((WaitKind::of(ev).unwrap_or(w.kind), w.prev_tid));
                 }
             }
             EventKind::SwitchOut => {

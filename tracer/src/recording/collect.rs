@@ -11,34 +11,43 @@ use super::{
     CudaSpan, Recording, Timeline, WaitSamples,
     counters::CounterBins,
     requests::Pairing,
-    waits::{WaitClasses, WaitTracker},
+    waits::{WaitClasses, WaitKind, WaitTracker},
 };
 use crate::sources::ebpf::Record;
 
+/// One thread's run-queue waits, as they come.
+#[derive(Default)]
+struct ThreadWaits {
+    samples: WaitSamples,
+    classes: WaitClasses,
+}
+
 pub struct Collector {
-    samples: BTreeMap<u32, WaitSamples>,
+    /// Looked up at every switch-in: a fast hash (foldhash) rather than a tree or SipHash,
+    /// which were most of the reader's time at 500k events/s (BENCHMARKS.md).
+    waits: foldhash::HashMap<u32, ThreadWaits>,
     bins: CounterBins,
     cuda_syncs: Vec<CudaSpan>,
     cuda_launches: BTreeMap<u32, BTreeMap<u64, u64>>,
     timeline: Option<Timeline>,
-    tracker: WaitTracker,
-    waits: BTreeMap<u32, WaitClasses>,
+    /// Only for records without wait codes (trace format 1), which came in time order.
+    tracker: Option<WaitTracker>,
     requests: Pairing,
     /// Records seen.
     pub records: u64,
 }
 
 impl Collector {
-    /// `keep`: also keep every record (for outputs that draw the timeline).
-    pub fn new(start_ns: u64, bin_ns: u64, keep: bool) -> Self {
+    /// `keep`: also keep every record (for outputs that draw the timeline). `legacy`: the
+    /// records are of trace format 1, whose switch-ins do not say what kind of wait they ended.
+    pub fn new(start_ns: u64, bin_ns: u64, keep: bool, legacy: bool) -> Self {
         Self {
-            samples: BTreeMap::new(),
+            waits: Default::default(),
             bins: CounterBins::new(start_ns, bin_ns),
             cuda_syncs: Vec::new(),
             cuda_launches: BTreeMap::new(),
             timeline: keep.then(Timeline::default),
-            tracker: WaitTracker::default(),
-            waits: BTreeMap::new(),
+            tracker: legacy.then(WaitTracker::default),
             requests: Pairing::default(),
             records: 0,
         }
@@ -48,12 +57,13 @@ impl Collector {
         self.records += 1;
         match rec {
             Record::Event(ev) => {
-                let ended = self.tracker.on_event(&ev);
-                match EventKind::try_from(ev.kind) {
+                let legacy = self.tracker.as_mut().and_then(|t| t.on_event(&ev));
+                match ev.event_kind() {
                     Ok(EventKind::SwitchIn) if ev.value > 0 => {
-                        self.samples.entry(ev.tid).or_default().record(ev.value);
-                        if let Some(w) = ended {
-                            self.waits.entry(ev.tid).or_default().add(w.kind, ev.value);
+                        let t = self.waits.entry(ev.tid).or_default();
+                        t.samples.record(ev.value);
+                        if let Some(kind) = WaitKind::of(&ev).or(legacy.map(|w| w.kind)) {
+                            t.classes.add(kind, ev.value);
                         }
                     }
                     Ok(EventKind::RequestStart | EventKind::RequestEnd) => {
@@ -91,12 +101,18 @@ impl Collector {
 
     /// Run-queue wait samples by thread, for assembling thread records.
     pub fn take_samples(&mut self) -> BTreeMap<u32, WaitSamples> {
-        std::mem::take(&mut self.samples)
+        self.waits
+            .iter_mut()
+            .map(|(&tid, t)| (tid, std::mem::take(&mut t.samples)))
+            .collect()
     }
 
     /// Run-queue waits by kind, by thread.
     pub fn take_waits(&mut self) -> BTreeMap<u32, WaitClasses> {
-        std::mem::take(&mut self.waits)
+        self.waits
+            .iter_mut()
+            .map(|(&tid, t)| (tid, std::mem::take(&mut t.classes)))
+            .collect()
     }
 
     /// Puts the derived data into `rec`; CUDA calls and requests that ended after the window
@@ -112,5 +128,82 @@ impl Collector {
         rec.cuda_launch_bins = self.cuda_launches;
         rec.counter_bins = self.bins;
         rec.timeline = self.timeline.unwrap_or_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{Event, WAIT_CODE_SHIFT, WaitCode};
+
+    use super::*;
+
+    fn ev(ts_ns: u64, tid: u32, kind: EventKind, aux: u32, value: u64) -> Record {
+        Record::Event(Event {
+            ts_ns,
+            tid,
+            kind: kind as u32,
+            cpu: 0,
+            aux,
+            value,
+        })
+    }
+
+    fn coded(r: Record, code: WaitCode) -> Record {
+        match r {
+            Record::Event(mut e) => {
+                e.kind |= (code as u32) << WAIT_CODE_SHIFT;
+                Record::Event(e)
+            }
+            other => other,
+        }
+    }
+
+    #[test]
+    fn waits_are_classified_by_the_kernel_whatever_the_arrival_order() {
+        // Thread 1 is preempted on CPU 0 and moved; it runs on CPU 1, whose batch arrives
+        // first. The switch-in says what the wait was: order does not matter.
+        let records = [
+            coded(ev(300, 1, EventKind::SwitchIn, 7, 200), WaitCode::Migration),
+            ev(150, 1, EventKind::Migrate, 0, 0),
+            ev(100, 1, EventKind::SwitchOut, 1, 50),
+            coded(ev(500, 2, EventKind::SwitchIn, 0, 40), WaitCode::IdleCpu),
+        ];
+        let mut c = Collector::new(0, 1_000, false, false);
+        for r in records {
+            c.on_record(r);
+        }
+        let waits = c.take_waits();
+        assert_eq!(
+            (waits[&1].migration_waits, waits[&1].migration_ns),
+            (1, 200)
+        );
+        assert_eq!(waits[&1].contention_waits, 0);
+        assert_eq!((waits[&2].idle_cpu_waits, waits[&2].idle_cpu_ns), (1, 40));
+        assert_eq!(c.take_samples()[&1].len(), 1);
+    }
+
+    #[test]
+    fn records_of_format_1_are_classified_from_their_transitions() {
+        // No wait codes, in time order: preempted, moved, run after another task.
+        let records = [
+            ev(100, 1, EventKind::SwitchOut, 1, 50),
+            ev(150, 1, EventKind::Migrate, 0, 0),
+            ev(300, 1, EventKind::SwitchIn, 7, 200),
+            ev(400, 1, EventKind::SwitchOut, 1, 100),
+            ev(450, 1, EventKind::SwitchIn, 9, 50),
+        ];
+        let mut legacy = Collector::new(0, 1_000, false, true);
+        for r in records {
+            legacy.on_record(r);
+        }
+        let w = legacy.take_waits()[&1];
+        assert_eq!((w.migration_waits, w.contention_waits), (1, 1));
+        // Without the tracker the same records carry no classification.
+        let mut current = Collector::new(0, 1_000, false, false);
+        for r in records {
+            current.on_record(r);
+        }
+        let w = current.take_waits()[&1];
+        assert_eq!((w.migration_waits, w.contention_waits), (0, 0));
     }
 }

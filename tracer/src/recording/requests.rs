@@ -60,7 +60,7 @@ pub struct Pairing {
 impl Pairing {
     pub fn on_event(&mut self, ev: &Event) {
         let has_id = ev.aux == 1;
-        match EventKind::try_from(ev.kind) {
+        match ev.event_kind() {
             Ok(EventKind::RequestStart) => {
                 self.seen = true;
                 if has_id {

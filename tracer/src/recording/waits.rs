@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{Event, EventKind};
+use tracer_common::{Event, EventKind, WaitCode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -19,6 +19,19 @@ pub enum WaitKind {
     /// The CPU was idle when the thread got it: the thread could not run although a CPU was
     /// free (its cgroup was throttled), or the idle CPU took long to wake.
     IdleCpu,
+}
+
+impl WaitKind {
+    /// What the kernel side decided for the wait a switch-in record ended (none in records
+    /// of trace format 1).
+    pub fn of(ev: &Event) -> Option<WaitKind> {
+        match ev.wait_code() {
+            WaitCode::None => None,
+            WaitCode::Contention => Some(Self::Contention),
+            WaitCode::Migration => Some(Self::Migration),
+            WaitCode::IdleCpu => Some(Self::IdleCpu),
+        }
+    }
 }
 
 /// Waits at least this long that end on an idle CPU are counted apart: wakeup latency of an
@@ -100,7 +113,7 @@ impl WaitTracker {
     /// Feeds one event; at a switch-in, says what kind of wait it ended (whether or not the
     /// wait's start was seen).
     pub fn on_event(&mut self, ev: &Event) -> Option<EndedWait> {
-        let kind = EventKind::try_from(ev.kind).ok()?;
+        let kind = ev.event_kind().ok()?;
         let st = self.threads.entry(ev.tid).or_default();
         match kind {
             EventKind::SwitchOut => {

@@ -172,7 +172,7 @@ fn heatmap(rec: &Recording) -> Option<String> {
         .timeline
         .events
         .iter()
-        .filter(|e| e.kind == tracer_common::EventKind::SwitchIn as u32 && e.value > 0)
+        .filter(|e| e.event_kind() == Ok(tracer_common::EventKind::SwitchIn) && e.value > 0)
     {
         let Some(row) = cpus.iter().position(|&c| c == ev.cpu) else {
             continue;

@@ -22,7 +22,7 @@ use crate::{
     },
     sources::{
         cgroup::ThrottleProbe,
-        ebpf::{ProbeOptions, Reaped, SchedProbes, encode},
+        ebpf::{ProbeOptions, Reaped, Record, SchedProbes, encode, split},
         gpu::{GpuOptions, GpuSampler},
         host,
         perf::{Capability, CounterChoice, PerfSet, slot_name},
@@ -61,6 +61,8 @@ pub struct GpuSettings {
 /// How often the ring buffer is drained, the progress line refreshed and dead threads moved out
 /// of the kernel map. The kernel wakes the reader earlier only when the ring fills up.
 const TICK: Duration = Duration::from_millis(100);
+/// How long after detaching the programs the unsent per-CPU records are read.
+const DETACH_GRACE: Duration = Duration::from_millis(20);
 
 /// Opens a pidfd, which becomes readable when the process exits (Linux 5.3+).
 fn pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
@@ -166,7 +168,7 @@ pub async fn record(
     let bar = progress_bar(opts, target.pid);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(TICK);
-    let mut col = Collector::new(start, bin_ns, opts.keep_timeline);
+    let mut col = Collector::new(start, bin_ns, opts.keep_timeline, false);
     let mut finished = Reaped::default();
     let mut throttling = Vec::new();
     let mut target_exited_ns = None;
@@ -224,8 +226,17 @@ pub async fn record(
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_uprobes();
-    // Nothing more arrives once detached: take all that is left.
+    // Nothing more arrives once detached: take all that is left in the ring buffer, then the
+    // records each CPU had not sent yet. A program that started before the detach may still
+    // be running on another CPU (for microseconds; longer only if the hypervisor stops that
+    // vCPU): give it time to finish its batch.
+    std::thread::sleep(DETACH_GRACE);
     while drain(&mut probes, &mut col, &mut writer) > 0 {}
+    for batch in probes.unsent_batches()? {
+        for r in split(&batch) {
+            take(r, &mut col, &mut writer);
+        }
+    }
     if let Some(s) = throttle.as_ref().and_then(|t| t.sample(end)) {
         throttling.push(s);
     }
@@ -275,12 +286,14 @@ pub async fn record(
 /// Takes every record in the ring buffer to the collector and, when writing a trace, to the
 /// file.
 fn drain(probes: &mut SchedProbes, col: &mut Collector, writer: &mut Option<TraceWriter>) -> usize {
-    probes.drain(|r| {
-        if let Some(w) = writer.as_mut() {
-            w.record(encode(&r));
-        }
-        col.on_record(r);
-    })
+    probes.drain(|r| take(r, col, writer))
+}
+
+fn take(r: Record, col: &mut Collector, writer: &mut Option<TraceWriter>) {
+    if let Some(w) = writer.as_mut() {
+        w.record(encode(&r));
+    }
+    col.on_record(r);
 }
 
 fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &SchedProbes) {

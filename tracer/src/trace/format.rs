@@ -21,7 +21,9 @@ use thiserror::Error;
 /// mangle, as PNG does.
 pub const MAGIC: [u8; 8] = *b"\x89TRC\r\n\x1a\n";
 /// Incremented on any change old readers cannot read.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: a switch-in record carries the kind of wait it ended (`tracer_common::WaitCode`), and
+/// records come grouped by CPU rather than in time order. 1 is still read.
+pub const FORMAT_VERSION: u32 = 2;
 /// No frame is larger: a corrupted length must not make a reader allocate gigabytes.
 pub const MAX_FRAME: u32 = 256 << 20;
 

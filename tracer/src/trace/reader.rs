@@ -24,6 +24,8 @@ pub struct TraceContents {
     pub final_recording: Option<Recording>,
     /// Why reading stopped early, if it did.
     pub damage: Option<Damage>,
+    /// The file's format version (`format::FORMAT_VERSION` or older).
+    pub version: u32,
     /// The `End` frame was reached: the file is complete.
     pub complete: bool,
 }
@@ -40,7 +42,7 @@ pub fn read(path: &Path) -> Result<TraceContents> {
 /// Reads a trace from any reader (`name` says where it came from, in errors): the file path
 /// above, and the fuzzer's bytes.
 pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents> {
-    read_header(&mut r).with_context(|| name.to_string())?;
+    let version = read_header(&mut r).with_context(|| name.to_string())?;
     let (frames, damage) = read_frames(&mut r, 16);
     let mut meta = None;
     let mut out = TraceContents {
@@ -50,6 +52,7 @@ pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents>
         cgroup: Vec::new(),
         final_recording: None,
         damage,
+        version,
         complete: false,
     };
     for f in frames {

@@ -20,7 +20,7 @@ use crate::{
 
 /// The recording a trace file holds. `keep`: keep the timeline records (for drawing).
 pub fn into_recording(c: TraceContents, keep: bool) -> Recording {
-    let mut col = Collector::new(c.meta.start_ns, c.meta.bin_ns, true);
+    let mut col = Collector::new(c.meta.start_ns, c.meta.bin_ns, true, c.version < 2);
     for r in split(&c.records) {
         col.on_record(r);
     }

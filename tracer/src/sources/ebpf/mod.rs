@@ -180,6 +180,8 @@ impl SchedProbes {
         // An eighth of the ring: at 16 MB/s of events (200k switches/s) an 8 MiB ring wakes the
         // reader about 16 times a second, and still has 7/8 of its room for the reader's delay.
         config.ring_wakeup_bytes = opts.ring_bytes / 8;
+        // A batch must fit the ring buffer many times over, or one batch could fill it.
+        config.batch_bytes = (opts.ring_bytes / 16).min(tracer_common::BATCH_BYTES as u32);
         if let Some(arg) = opts.markers.as_ref().and_then(|m| m.id_arg) {
             config.request_id_arg = u32::from(arg);
         }
@@ -356,7 +358,8 @@ impl SchedProbes {
         while n < DRAIN_MAX
             && let Some(item) = ring.next()
         {
-            if let Some(rec) = decode(&item) {
+            // One ring record carries all the records of one program run (tracer-ebpf `Batch`).
+            for rec in split(&item) {
                 f(rec);
                 n += 1;
             }

@@ -4,7 +4,8 @@
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use tracer_common::{
-    COUNTER_SLOTS, CudaThread, MigrationKey, Preemptor, ThreadCounters, ThreadState, ThreadStats,
+    BatchBuf, COUNTER_SLOTS, CudaThread, MigrationKey, Preemptor, ThreadCounters, ThreadState,
+    ThreadStats,
 };
 
 use super::{Losses, Reaped, SchedProbes};
@@ -79,6 +80,19 @@ impl SchedProbes {
     pub fn thread_counters(&mut self) -> Result<Vec<(u32, ThreadCounters)>> {
         let map = self.counters_map()?;
         Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    /// The records each CPU had gathered but not sent (tracer-ebpf `Batch`), for after the
+    /// programs are detached.
+    pub fn unsent_batches(&self) -> Result<Vec<Vec<u8>>> {
+        let map: PerCpuArray<_, BatchBuf> =
+            PerCpuArray::try_from(self.ebpf.map("BATCH").context("BATCH map")?)?;
+        Ok(map
+            .get(&0, 0)?
+            .iter()
+            .map(|b| b.bytes[..(b.len as usize).min(b.bytes.len())].to_vec())
+            .filter(|b| !b.is_empty())
+            .collect())
     }
 
     pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {

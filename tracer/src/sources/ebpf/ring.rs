@@ -46,7 +46,8 @@ pub fn split(mut bytes: &[u8]) -> impl Iterator<Item = Record> + '_ {
 /// refusing anything of the wrong size or an unknown kind.
 pub fn decode(bytes: &[u8]) -> Option<Record> {
     let kind = u32::from_le_bytes(bytes.get(12..16)?.try_into().ok()?);
-    match EventKind::try_from(kind).ok()? {
+    // The low byte is the kind; a switch-in keeps its wait code above it.
+    match EventKind::try_from(kind & 0xff).ok()? {
         EventKind::CounterSlice => read_pod::<CounterSlice>(bytes).map(Record::Counters),
         _ => read_pod::<Event>(bytes).map(Record::Event),
     }
@@ -99,5 +100,16 @@ mod tests {
         let mut bad = bytes_of(&ev);
         bad[12] = 99;
         assert_eq!(decode(&bad), None);
+        // A switch-in's wait code (above the kind's byte) does not hide its kind.
+        let coded = Event {
+            kind: EventKind::SwitchIn as u32
+                | (tracer_common::WaitCode::Migration as u32) << tracer_common::WAIT_CODE_SHIFT,
+            ..ev
+        };
+        let Some(Record::Event(back)) = decode(&bytes_of(&coded)) else {
+            panic!("a coded switch-in does not decode");
+        };
+        assert_eq!(back.event_kind(), Ok(EventKind::SwitchIn));
+        assert_eq!(back.wait_code(), tracer_common::WaitCode::Migration);
     }
 }
