@@ -564,6 +564,11 @@ pub struct Config {
     pub newtask_pid_off: u32,
     pub newtask_flags_off: u32,
     pub newtask_comm_off: u32,
+    /// 1: send every state change of the target's threads (for a timeline: a trace file, the
+    /// Perfetto and HTML outputs, per-request decomposition). 0: send only what the summary
+    /// reads from the records: switch-ins (each wait's length and kind), counter slices and
+    /// thread births and exits; the totals are kept in maps either way.
+    pub transitions: u32,
     /// Send a CPU's batch once it holds this many bytes (at most `BATCH_BYTES`; less for a
     /// small ring buffer, which a full batch would not fit).
     pub batch_bytes: u32,
@@ -593,6 +598,7 @@ impl Config {
             newtask_pid_off: 0,
             newtask_flags_off: 0,
             newtask_comm_off: 0,
+            transitions: 1,
             batch_bytes: BATCH_BYTES as u32,
         }
     }
@@ -662,7 +668,7 @@ mod tests {
             core::mem::size_of::<ThreadStats>(),
             4 + 4 + 16 + 4 + 4 + 8 * 13 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 22 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 23 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 48);

@@ -293,14 +293,16 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
         enter(t, state, now);
         t.wait_cpu = NO_CPU;
     }
-    out.push(&event(
-        now,
-        sw.prev_pid,
-        EventKind::SwitchOut,
-        cpu,
-        involuntary as u32,
-        slice,
-    ));
+    if config!(transitions) != 0 {
+        out.push(&event(
+            now,
+            sw.prev_pid,
+            EventKind::SwitchOut,
+            cpu,
+            involuntary as u32,
+            slice,
+        ));
+    }
 }
 
 #[inline(always)]
@@ -375,6 +377,9 @@ pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm) {
     } else {
         EventKind::Wakeup
     };
+    if config!(transitions) == 0 {
+        return;
+    }
     let waker = bpf_get_current_pid_tgid() as u32;
     if let Some(mut out) = Batch::get() {
         out.push(&event(now, tid, kind, cpu, waker, 0));
@@ -415,7 +420,9 @@ pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
             }
         }
     }
-    if let Some(mut out) = Batch::get() {
+    if config!(transitions) != 0
+        && let Some(mut out) = Batch::get()
+    {
         out.push(&event(now, tid, EventKind::Migrate, to, from, 0));
     }
 }

@@ -87,6 +87,8 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
         ring_bytes: 4096 * 16,
         btf_path: None,
         markers: None,
+        // Every record is sent: the verifier sees every path.
+        timeline: true,
     };
     // Loading puts every program through the verifier; nothing is attached.
     let loaded = SchedProbes::load(std::process::id(), &opts, &none);

@@ -251,7 +251,7 @@ fn once(ctx: &Ctx, config: Config, round: u32) -> Result<Run> {
             result?
         }
         Config::TracerOnBench => {
-            let (doc, out) = tracer_run(ctx, &bench)?;
+            let (doc, out) = tracer_run(ctx, &[], &bench)?;
             tracer = Some(doc);
             out
         }
@@ -319,11 +319,14 @@ fn runqlat_script(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(path))
 }
 
-/// `tracer run --json -- COMMAND` from the observer CPU: its document, and what the command
-/// printed before it.
-fn tracer_run(ctx: &Ctx, command: &[String]) -> Result<(Value, String)> {
+/// `tracer run --json [OPTIONS] -- COMMAND` from the observer CPU: its document, and what the
+/// command printed before it.
+fn tracer_run(ctx: &Ctx, options: &[&str], command: &[String]) -> Result<(Value, String)> {
     let mut c = ctx.observer(&ctx.tracer);
-    c.args(["run", "--json", "--quiet", "--"]).args(command);
+    c.args(["run", "--json", "--quiet"])
+        .args(options)
+        .arg("--")
+        .args(command);
     let out = output_of(c, "tracer run")?;
     // perf bench prints first, then the tracer its JSON document.
     let at = out
@@ -418,8 +421,20 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut all = ctx.bench_cmd();
     all[2] = format!("0-{}", n - 1);
-    let high_rate = tracer_part(&tracer_run(&ctx, &all)?.0);
-    let report = stats::report(&runs_json(&runs), &configs, &stats, &high_rate);
+    let high_rate = tracer_part(&tracer_run(&ctx, &[], &all)?.0);
+    // With a trace file every state change goes through the ring buffer, not only the
+    // switch-ins the summary reads: what that costs the reader (untimed).
+    let trace = dir.join("bench.trace");
+    let with_trace = tracer_part(
+        &tracer_run(
+            &ctx,
+            &["--output", &trace.display().to_string()],
+            &ctx.bench_cmd(),
+        )?
+        .0,
+    );
+    let _ = std::fs::remove_file(&trace);
+    let report = stats::report(&runs_json(&runs), &configs, &stats, &high_rate, &with_trace);
     let doc = json!({
         "machine": stats::machine(),
         "loops": loops,
@@ -430,6 +445,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "runs": runs_json(&runs),
         "bpf_run_stats": stats,
         "high_rate": high_rate,
+        "with_trace_file": with_trace,
         "report": report,
     });
     let secs = std::time::SystemTime::now()

@@ -157,8 +157,16 @@ pub fn machine() -> Value {
 }
 
 /// Per configuration: the median time per round trip, and the median of the per-round
-/// ratios to the unobserved run of the same round (robust to the machine's drift).
-pub fn report(runs: &[Value], configs: &[Config], stats: &Value, high_rate: &Value) -> Value {
+/// ratios to the unobserved run of the same round (robust to the machine's drift); and, as a
+/// second estimate, the best runs' ratio (noise on this VM only ever adds time, so each
+/// configuration's fastest run is its least disturbed).
+pub fn report(
+    runs: &[Value],
+    configs: &[Config],
+    stats: &Value,
+    high_rate: &Value,
+    with_trace: &Value,
+) -> Value {
     let of = |c: Config| -> Vec<&Value> {
         runs.iter()
             .filter(|r| r["config"] == c.name())
@@ -168,10 +176,19 @@ pub fn report(runs: &[Value], configs: &[Config], stats: &Value, high_rate: &Val
         .iter()
         .map(|r| (r["round"].as_u64().unwrap_or(0), f(&r["usecs_per_op"])))
         .collect();
+    let best = |c: Config| {
+        of(c)
+            .iter()
+            .map(|r| f(&r["usecs_per_op"]))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let best_base = best(Config::Baseline);
     let mut rows = Vec::new();
     let mut overhead = BTreeMap::new();
+    let mut best_overhead = BTreeMap::new();
     for &c in configs {
         let rs = of(c);
+        best_overhead.insert(c.name(), best(c) / best_base - 1.0);
         let ratios: Vec<f64> = rs
             .iter()
             .filter_map(|r| {
@@ -187,6 +204,8 @@ pub fn report(runs: &[Value], configs: &[Config], stats: &Value, high_rate: &Val
             "config": c.name(),
             "median_usecs_per_op": median(rs.iter().map(|r| f(&r["usecs_per_op"])).collect()),
             "median_overhead": o,
+            "best_usecs_per_op": best(c),
+            "best_overhead": best(c) / best_base - 1.0,
             "overheads": ratios,
             "tracer_cpu_share_median": nan_null(median(tracer("own_cpu_share"))),
             "tracer_peak_rss_bytes_max": tracer("own_peak_rss_bytes").into_iter().reduce(f64::max),
@@ -214,19 +233,36 @@ pub fn report(runs: &[Value], configs: &[Config], stats: &Value, high_rate: &Val
         .iter()
         .filter_map(|&c| row(c)?["tracer_peak_rss_bytes_max"].as_f64())
         .fold(0.0, f64::max);
-    let rate = high_rate["target_switches_per_s"].as_f64().unwrap_or(0.0);
+    let best_of = |c: Config| best_overhead.get(c.name()).copied().unwrap_or(f64::NAN);
+    let (best_on, best_perf) = (best_of(Config::TracerOnBench), best_of(Config::PerfSched));
+    // Drops: over every run with the tracer on the benchmark, timed or not; the rate: the
+    // highest any of them reached.
+    let tracer_runs: Vec<&Value> = of(Config::TracerOnBench)
+        .into_iter()
+        .map(|r| &r["tracer"])
+        .chain([high_rate, with_trace])
+        .collect();
+    let dropped: f64 = tracer_runs.iter().map(|t| f(&t["dropped_events"])).sum();
+    let rate = tracer_runs
+        .iter()
+        .map(|t| f(&t["target_switches_per_s"]))
+        .fold(0.0, f64::max);
     let targets = json!([
         {"target": "unrelated PID: median slowdown < 1 %", "value": unrelated, "met": unrelated < 0.01},
         {"target": "unrelated PID, above the floor (empty programs on the same tracepoints): < 1 %",
          "value": unrelated - floor, "met": unrelated - floor < 0.01},
-        {"target": "on the benchmark: <= 1/5 of perf sched record's slowdown", "value": on,
-         "limit": perf / 5.0, "met": on <= perf / 5.0},
+        {"target": "on the benchmark: <= 1/5 of perf sched record's slowdown (medians)",
+         "value": on, "limit": perf / 5.0, "met": on <= perf / 5.0},
+        {"target": "on the benchmark: <= 1/5 of perf sched record's slowdown (best runs)",
+         "value": best_on, "limit": best_perf / 5.0, "met": best_on <= best_perf / 5.0},
         {"target": "on the benchmark: no worse than runqlat.bt", "value": on, "limit": rq,
          "met": rq.is_nan() || on <= rq},
-        {"target": "no dropped events at >= 200k target switches/s (the benchmark on every CPU)",
-         "value": high_rate["dropped_events"], "switches_per_s": rate,
-         "met": high_rate["dropped_events"].as_f64() == Some(0.0) && rate >= 200_000.0},
+        {"target": "no dropped events at >= 200k target switches/s (every run on the benchmark)",
+         "value": dropped, "switches_per_s": rate,
+         "met": dropped == 0.0 && rate >= 200_000.0},
         {"target": "userspace < 2 % of one core", "value": cpu, "met": cpu < 0.02},
+        {"target": "userspace < 2 % of one core, writing a trace file (every state change)",
+         "value": with_trace["own_cpu_share"], "met": f(&with_trace["own_cpu_share"]) < 0.02},
         {"target": "peak RSS < 50 MB", "value": rss, "met": rss > 0.0 && rss < 50e6},
     ]);
     json!({"configs": rows, "targets": targets, "bpf": stats})
@@ -256,8 +292,16 @@ pub fn render(doc: &Value) -> String {
         doc["rounds"]
     );
     s += &format!(
-        "{:<26} {:>12} {:>10} {:>11} {:>9} {:>10} {:>12}\n",
-        "configuration", "usecs/op", "slowdown", "tracer CPU", "RSS MB", "dropped", "switches/s"
+        "{:<26} {:>9} {:>9} {:>9} {:>9} {:>11} {:>7} {:>8} {:>11}\n",
+        "configuration",
+        "usecs/op",
+        "slowdown",
+        "best run",
+        "its slow",
+        "tracer CPU",
+        "RSS MB",
+        "dropped",
+        "switches/s"
     );
     let opt = |v: &Value, scale: f64, fmt: &dyn Fn(f64) -> String| {
         v.as_f64().map_or("-".to_string(), |x| fmt(x * scale))
@@ -265,10 +309,12 @@ pub fn render(doc: &Value) -> String {
     for r in doc["report"]["configs"].as_array().into_iter().flatten() {
         let tracer = r["tracer_cpu_share_median"].is_number();
         s += &format!(
-            "{:<26} {:>12.3} {:>9.1}% {:>11} {:>9} {:>10} {:>12}\n",
+            "{:<26} {:>9.3} {:>8.1}% {:>9.3} {:>8.1}% {:>11} {:>7} {:>8} {:>11}\n",
             r["config"].as_str().unwrap_or("?"),
             f(&r["median_usecs_per_op"]),
             100.0 * f(&r["median_overhead"]),
+            f(&r["best_usecs_per_op"]),
+            100.0 * f(&r["best_overhead"]),
             opt(&r["tracer_cpu_share_median"], 100.0, &|x| format!(
                 "{x:.2}%"
             )),
@@ -306,6 +352,15 @@ pub fn render(doc: &Value) -> String {
         f(&h["events_per_s"]),
         h["dropped_events"],
         100.0 * f(&h["own_cpu_share"])
+    );
+    let t = &doc["with_trace_file"];
+    s += &format!(
+        "with a trace file (every state change through the ring buffer): {:.0} target \
+         switches/s, {:.0} events/s, {} dropped, tracer CPU {:.2}% of one CPU\n",
+        f(&t["target_switches_per_s"]),
+        f(&t["events_per_s"]),
+        t["dropped_events"],
+        100.0 * f(&t["own_cpu_share"])
     );
     s += "\ntargets:\n";
     for t in doc["report"]["targets"].as_array().into_iter().flatten() {
