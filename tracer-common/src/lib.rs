@@ -274,7 +274,8 @@ pub struct Event {
 
 /// Where a `SwitchIn` record keeps its `WaitCode`.
 pub const WAIT_CODE_SHIFT: u32 = 8;
-const KIND_MASK: u32 = 0xff;
+/// The bits of `Event::kind` that hold the `EventKind`.
+pub const KIND_MASK: u32 = 0xff;
 
 /// What kind of run-queue wait a switch-in ended, decided in the kernel from the thread's
 /// state there (records arrive grouped by CPU, not in time order, so userspace cannot
@@ -282,7 +283,7 @@ const KIND_MASK: u32 = 0xff;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitCode {
-    /// Not classified (trace format 1, or the switch-in did not end a wait).
+    /// Not classified: records of trace format 1.
     None = 0,
     /// Another task held the CPU.
     Contention = 1,

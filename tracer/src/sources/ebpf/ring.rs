@@ -47,7 +47,7 @@ pub fn split(mut bytes: &[u8]) -> impl Iterator<Item = Record> + '_ {
 pub fn decode(bytes: &[u8]) -> Option<Record> {
     let kind = u32::from_le_bytes(bytes.get(12..16)?.try_into().ok()?);
     // The low byte is the kind; a switch-in keeps its wait code above it.
-    match EventKind::try_from(kind & 0xff).ok()? {
+    match EventKind::try_from(kind & tracer_common::KIND_MASK).ok()? {
         EventKind::CounterSlice => read_pod::<CounterSlice>(bytes).map(Record::Counters),
         _ => read_pod::<Event>(bytes).map(Record::Event),
     }
