@@ -1,0 +1,79 @@
+//! The programs' load-time configuration.
+
+use crate::{BATCH_BYTES, NO_REQUEST_ID};
+
+/// Load-time configuration of the eBPF programs (a `.rodata` global set by the loader, so the
+/// verifier sees constants).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// The TGID (process ID) whose threads are traced.
+    pub target_tgid: u32,
+    /// Wake the reader once this many bytes wait in the ring buffer (it also drains on a timer).
+    pub ring_wakeup_bytes: u32,
+    /// Bit k set: perf counter slot k is open on every CPU (in that slot's per-CPU array).
+    pub counter_mask: u32,
+    /// Which argument of the request marker functions holds the request id (0-5), or
+    /// `NO_REQUEST_ID` when they take none.
+    pub request_id_arg: u32,
+    /// Offsets in `struct task_struct`, read from the running kernel's BTF (tp_btf programs).
+    pub task_pid_off: u32,
+    pub task_tgid_off: u32,
+    pub task_comm_off: u32,
+    /// Offset of the CPU number (`thread_info.cpu` or `cpu`, whichever the kernel has).
+    pub task_cpu_off: u32,
+    /// Field offsets in the classic tracepoints' records, read from tracefs `format` files
+    /// (classic fallback only).
+    pub switch_prev_state_off: u32,
+    /// Size of `prev_state` in the classic sched_switch record (`long`: 8 on 64-bit kernels).
+    pub switch_prev_state_size: u32,
+    pub switch_next_pid_off: u32,
+    pub switch_next_comm_off: u32,
+    pub wakeup_pid_off: u32,
+    pub wakeup_cpu_off: u32,
+    pub wakeup_comm_off: u32,
+    pub migrate_pid_off: u32,
+    pub migrate_orig_cpu_off: u32,
+    pub migrate_dest_cpu_off: u32,
+    pub newtask_pid_off: u32,
+    pub newtask_flags_off: u32,
+    pub newtask_comm_off: u32,
+    /// 1: send every state change of the target's threads (for a timeline: a trace file, the
+    /// Perfetto and HTML outputs, per-request decomposition). 0: send only what the summary
+    /// reads from the records: switch-ins (each wait's length and kind), counter slices and
+    /// thread births and exits; the totals are kept in maps either way.
+    pub transitions: u32,
+    /// Send a CPU's batch once it holds this many bytes (at most `BATCH_BYTES`; less for a
+    /// small ring buffer, which a full batch would not fit).
+    pub batch_bytes: u32,
+}
+
+impl Config {
+    pub const fn zeroed() -> Self {
+        Self {
+            target_tgid: 0,
+            ring_wakeup_bytes: 0,
+            counter_mask: 0,
+            request_id_arg: NO_REQUEST_ID,
+            task_pid_off: 0,
+            task_tgid_off: 0,
+            task_comm_off: 0,
+            task_cpu_off: 0,
+            switch_prev_state_off: 0,
+            switch_prev_state_size: 8,
+            switch_next_pid_off: 0,
+            switch_next_comm_off: 0,
+            wakeup_pid_off: 0,
+            wakeup_cpu_off: 0,
+            wakeup_comm_off: 0,
+            migrate_pid_off: 0,
+            migrate_orig_cpu_off: 0,
+            migrate_dest_cpu_off: 0,
+            newtask_pid_off: 0,
+            newtask_flags_off: 0,
+            newtask_comm_off: 0,
+            transitions: 1,
+            batch_bytes: BATCH_BYTES as u32,
+        }
+    }
+}

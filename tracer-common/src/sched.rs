@@ -1,0 +1,209 @@
+//! Per-thread scheduler accounting kept in the kernel's maps, and what the kernel side could
+//! not record.
+
+/// Length of a kernel task name (`TASK_COMM_LEN`).
+pub const COMM_LEN: usize = 16;
+
+/// Slots of the in-kernel run-queue wait histogram. Slot `i` counts waits `w` with
+/// `2^(i-1) <= w < 2^i` nanoseconds (slot 0: `w == 0`); the last slot takes everything longer.
+/// 40 slots reach 2^39 ns, about 9 minutes.
+pub const RUNQ_HIST_SLOTS: usize = 40;
+
+/// Maximum number of threads tracked at once in the kernel. Userspace moves dead threads out of
+/// the map while recording, so this bounds live threads, not threads seen.
+pub const MAX_THREADS: u32 = 16384;
+/// Maximum number of distinct tasks recorded as having run while a target thread waited.
+pub const MAX_PREEMPTORS: u32 = 4096;
+/// Maximum number of distinct (thread, from CPU, to CPU) migration routes.
+pub const MAX_MIGRATION_ROUTES: u32 = 16384;
+
+/// Where a target thread is in its life, as the kernel side sees it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadState {
+    /// No event seen yet.
+    Unknown = 0,
+    /// On a CPU.
+    Running = 1,
+    /// On a run queue, waiting for a CPU (woken up, or preempted).
+    Runnable = 2,
+    /// Off CPU and not runnable (sleeping, waiting on I/O, a lock, the GPU...).
+    Blocked = 3,
+    /// Created, not yet woken for the first time.
+    New = 4,
+    /// Switched out for the last time after exiting.
+    Dead = 5,
+}
+
+impl TryFrom<u32> for ThreadState {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Ok(match v {
+            0 => Self::Unknown,
+            1 => Self::Running,
+            2 => Self::Runnable,
+            3 => Self::Blocked,
+            4 => Self::New,
+            5 => Self::Dead,
+            other => return Err(other),
+        })
+    }
+}
+
+/// `ThreadStats::flags`: the thread was created during the recording.
+pub const FLAG_CREATED: u32 = 1;
+/// `ThreadStats::flags`: the thread exited during the recording.
+pub const FLAG_EXITED: u32 = 2;
+/// `ThreadStats::flags`: the entry was created when the map was full of other entries and
+/// an earlier insert failed, so the counts may start late.
+pub const FLAG_LATE: u32 = 4;
+/// `ThreadStats::flags`, kernel side only: the thread was moved to another CPU while it waited
+/// in a run queue (its current wait is a `WaitCode::Migration`).
+pub const FLAG_MOVED: u32 = 8;
+
+/// Per-thread totals, aggregated in the kernel, keyed by TID.
+///
+/// Time accounting: every event moves the thread between states; the time spent in the state it
+/// leaves is added to `oncpu_ns`, `runq_wait_ns` or `blocked_ns`. The interval before the first
+/// event and after the last one are not known to the kernel side: `first_ts_ns` / `first_state`
+/// and `state_ts_ns` / `state` let userspace close both ends against its own window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadStats {
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: [u8; COMM_LEN],
+    /// Current `ThreadState`.
+    pub state: u32,
+    /// The state the thread was in before the first event of the recording (deduced from that
+    /// event: a switch-out means it was running, a switch-in that it was runnable, a wakeup
+    /// that it was blocked).
+    pub first_state: u32,
+    /// Monotonic time of the first event.
+    pub first_ts_ns: u64,
+    /// Monotonic time the current state was entered.
+    pub state_ts_ns: u64,
+    pub created_ts_ns: u64,
+    pub exited_ts_ns: u64,
+    /// Switches out while blocking (the kernel's `nvcsw`).
+    pub voluntary_switches: u64,
+    /// Switches out while still runnable: preemption or yield (the kernel's `nivcsw`).
+    pub involuntary_switches: u64,
+    /// Changes of CPU (the kernel's `se.nr_migrations`).
+    pub migrations: u64,
+    /// Wakeups from blocked to runnable.
+    pub wakeups: u64,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub blocked_ns: u64,
+    /// Number of complete run-queue waits (runnable -> running) seen inside the window.
+    pub runq_waits: u64,
+    pub runq_wait_max_ns: u64,
+    /// CPU whose run queue holds the thread while it is runnable.
+    pub wait_cpu: u32,
+    /// CPU the thread last ran on.
+    pub last_cpu: u32,
+    pub parent_tid: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    pub runq_hist: [u32; RUNQ_HIST_SLOTS],
+}
+
+impl ThreadStats {
+    pub const fn new(tid: u32, tgid: u32) -> Self {
+        Self {
+            tid,
+            tgid,
+            comm: [0; COMM_LEN],
+            state: ThreadState::Unknown as u32,
+            first_state: ThreadState::Unknown as u32,
+            first_ts_ns: 0,
+            state_ts_ns: 0,
+            created_ts_ns: 0,
+            exited_ts_ns: 0,
+            voluntary_switches: 0,
+            involuntary_switches: 0,
+            migrations: 0,
+            wakeups: 0,
+            oncpu_ns: 0,
+            runq_wait_ns: 0,
+            blocked_ns: 0,
+            runq_waits: 0,
+            runq_wait_max_ns: 0,
+            wait_cpu: u32::MAX,
+            last_cpu: u32::MAX,
+            parent_tid: 0,
+            flags: 0,
+            runq_hist: [0; RUNQ_HIST_SLOTS],
+        }
+    }
+}
+
+/// A task that ran on a CPU while target threads waited in that CPU's run queue, keyed by its
+/// TID. `wait_ns` is the waiting it caused: the time it ran multiplied by the number of target
+/// threads waiting meanwhile.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Preemptor {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: [u8; COMM_LEN],
+    pub wait_ns: u64,
+    /// Number of times it was switched out while target threads waited.
+    pub slices: u64,
+}
+
+/// Per-CPU bookkeeping of target threads waiting in that CPU's run queue.
+/// `pending_ns` integrates `waiters` over time since the last context switch on the CPU; the
+/// next switch charges it to the task switched out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuWait {
+    pub waiters: u32,
+    pub _pad: u32,
+    pub since_ns: u64,
+    pub pending_ns: u64,
+}
+
+/// Key of the migration-route map: which thread moved from which CPU to which.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MigrationKey {
+    pub tid: u32,
+    pub from_cpu: u32,
+    pub to_cpu: u32,
+    pub _pad: u32,
+}
+
+/// Indexes of the per-CPU `COUNTERS` array: things the kernel side could not do.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Ring buffer full: a timeline event was dropped (the in-kernel totals are still exact).
+    RingbufDropped = 0,
+    /// The thread map was full: a new thread could not be tracked.
+    ThreadMapFull = 1,
+    /// The preemptor map was full: some waiting could not be attributed.
+    PreemptorMapFull = 2,
+    /// The migration-route map was full.
+    MigrationMapFull = 3,
+    /// A target thread switched out while it was waiting for a CPU as far as the probes knew:
+    /// the switch that gave it the CPU was not traced (see `sched.rs`).
+    UnseenSwitchIn = 4,
+    /// A target thread switched in while it was running as far as the probes knew.
+    UnseenSwitchOut = 5,
+    /// `bpf_perf_event_read_value` failed: a slice's counters are missing.
+    PerfReadFailed = 6,
+}
+pub const COUNTER_SLOTS: u32 = 7;
+
+/// Index of the run-queue wait histogram slot for a wait of `ns` nanoseconds.
+#[inline(always)]
+pub fn hist_slot(ns: u64) -> usize {
+    let bits = (64 - ns.leading_zeros()) as usize;
+    if bits >= RUNQ_HIST_SLOTS {
+        RUNQ_HIST_SLOTS - 1
+    } else {
+        bits
+    }
+}
