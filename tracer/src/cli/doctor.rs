@@ -87,11 +87,10 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
         ring_bytes: 4096 * 16,
         btf_path: None,
         markers: None,
-        // Every record is sent: the verifier sees every path.
-        timeline: true,
     };
     // Loading puts every program through the verifier; nothing is attached.
-    let loaded = SchedProbes::load(std::process::id(), &opts, &none);
+    // With every record sent (timeline), the verifier sees every path.
+    let loaded = SchedProbes::load(std::process::id(), &opts, &none, true);
     match loaded {
         Ok(p) if p.mode() == ProbeMode::TpBtf => {
             let ok = "the tp_btf scheduler programs load and pass the verifier";

@@ -198,8 +198,6 @@ fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
 
 impl RecordArgs {
     pub fn session_options(&self, duration: Option<Duration>) -> SessionOptions {
-        // Requests are decomposed on the timeline.
-        let keep_timeline = self.outputs.need_timeline() || self.requests.wanted();
         SessionOptions {
             duration,
             probes: ProbeOptions {
@@ -207,8 +205,6 @@ impl RecordArgs {
                 ring_bytes: self.ring_kib * 1024,
                 btf_path: self.btf.clone(),
                 markers: self.requests.markers(),
-                // A trace file keeps the timeline even when this run does not draw it.
-                timeline: keep_timeline || self.output.is_some(),
             },
             counters: self.counters,
             bin: self.bin,
@@ -219,7 +215,8 @@ impl RecordArgs {
             progress: !self.quiet,
             notices: !self.quiet,
             output: self.output.clone(),
-            keep_timeline,
+            // Requests are decomposed on the timeline.
+            keep_timeline: self.outputs.need_timeline() || self.requests.wanted(),
         }
     }
 }

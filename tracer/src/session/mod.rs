@@ -113,7 +113,11 @@ pub async fn record(
         .transpose()?;
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     let perf = PerfSet::open(opts.counters, &cpus);
-    let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf)?;
+    // The kernel side sends every state change only when something reads them: the kept
+    // timeline or a trace file. Decided here, from the options that need them, so that no
+    // caller can keep a timeline the probes do not feed.
+    let timeline = opts.keep_timeline || opts.output.is_some();
+    let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf, timeline)?;
     let sampler = match &opts.gpu {
         Some(g) => GpuSampler::start(
             target.pid,
@@ -230,7 +234,7 @@ pub async fn record(
     // records each CPU had not sent yet. A program that started before the detach may still
     // be running on another CPU (for microseconds; longer only if the hypervisor stops that
     // vCPU): give it time to finish its batch.
-    std::thread::sleep(DETACH_GRACE);
+    tokio::time::sleep(DETACH_GRACE).await;
     while drain(&mut probes, &mut col, &mut writer) > 0 {}
     for batch in probes.unsent_batches()? {
         for r in split(&batch) {

@@ -124,9 +124,6 @@ pub struct ProbeOptions {
     pub btf_path: Option<std::path::PathBuf>,
     /// Request marker functions to probe, if any.
     pub markers: Option<requests::RequestMarkers>,
-    /// Carry every state change through the ring buffer, for a timeline (`Config::transitions`);
-    /// without it only the records the summary reads.
-    pub timeline: bool,
 }
 
 pub struct SchedProbes {
@@ -158,7 +155,14 @@ impl SchedProbes {
     /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
     /// each of its context switches: every program through the verifier, nothing attached yet
     /// (what `tracer doctor` checks).
-    pub fn load(target_tgid: u32, opts: &ProbeOptions, perf: &PerfSet) -> Result<Self> {
+    /// `timeline`: carry every state change through the ring buffer (`Config::transitions`);
+    /// without it, only the records the summary reads.
+    pub fn load(
+        target_tgid: u32,
+        opts: &ProbeOptions,
+        perf: &PerfSet,
+        timeline: bool,
+    ) -> Result<Self> {
         if OBJECT.is_empty() {
             return Err(load_error(
                 "this binary was built without its eBPF programs (AYA_BUILD_SKIP); rebuild it \
@@ -183,7 +187,7 @@ impl SchedProbes {
         // An eighth of the ring: at 16 MB/s of events (200k switches/s) an 8 MiB ring wakes the
         // reader about 16 times a second, and still has 7/8 of its room for the reader's delay.
         config.ring_wakeup_bytes = opts.ring_bytes / 8;
-        config.transitions = opts.timeline as u32;
+        config.transitions = timeline as u32;
         // A batch must fit the ring buffer many times over, or one batch could fill it.
         config.batch_bytes = (opts.ring_bytes / 16).min(tracer_common::BATCH_BYTES as u32);
         if let Some(arg) = opts.markers.as_ref().and_then(|m| m.id_arg) {
