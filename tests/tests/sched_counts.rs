@@ -85,8 +85,7 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
         activity += d.voluntary + d.involuntary;
         if u(&doc["dropped_events"]) == 0 {
             // Every complete run-queue wait the kernel counted reached userspace in a
-            // switch-in record and was classified there, including the records still in the
-            // per-CPU batches when the programs were detached.
+            // switch-in record and was classified there.
             let c = &t["wait_classes"];
             let classified =
                 u(&c["contention_waits"]) + u(&c["migration_waits"]) + u(&c["idle_cpu_waits"]);
