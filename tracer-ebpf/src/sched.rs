@@ -397,14 +397,15 @@ pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
     };
     let now = unsafe { bpf_ktime_get_ns() };
     t.migrations += 1;
-    // A runnable thread moved by the load balancer now waits in another run queue.
+    // A runnable thread moved by the load balancer now waits in another run queue, and its
+    // wait is a migration's.
     if t.state == ThreadState::Runnable as u32 {
         t.flags |= FLAG_MOVED;
-    }
-    if t.state == ThreadState::Runnable as u32 && t.wait_cpu != NO_CPU {
-        waiter_remove(t.wait_cpu, now);
-        waiter_add(to, now);
-        t.wait_cpu = to;
+        if t.wait_cpu != NO_CPU {
+            waiter_remove(t.wait_cpu, now);
+            waiter_add(to, now);
+            t.wait_cpu = to;
+        }
     }
     let key = MigrationKey {
         tid,

@@ -188,7 +188,9 @@ pub fn report(
     let mut best_overhead = BTreeMap::new();
     for &c in configs {
         let rs = of(c);
-        best_overhead.insert(c.name(), best(c) / best_base - 1.0);
+        let best_usecs = best(c);
+        let best_o = best_usecs / best_base - 1.0;
+        best_overhead.insert(c.name(), best_o);
         let ratios: Vec<f64> = rs
             .iter()
             .filter_map(|r| {
@@ -204,8 +206,8 @@ pub fn report(
             "config": c.name(),
             "median_usecs_per_op": median(rs.iter().map(|r| f(&r["usecs_per_op"])).collect()),
             "median_overhead": o,
-            "best_usecs_per_op": best(c),
-            "best_overhead": best(c) / best_base - 1.0,
+            "best_usecs_per_op": best_usecs,
+            "best_overhead": best_o,
             "overheads": ratios,
             "tracer_cpu_share_median": nan_null(median(tracer("own_cpu_share"))),
             "tracer_peak_rss_bytes_max": tracer("own_peak_rss_bytes").into_iter().reduce(f64::max),
