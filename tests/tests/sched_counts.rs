@@ -114,6 +114,16 @@ fn tp_btf_counts_equal_the_kernels() {
     let (doc, deltas, _load) = record_mixed(&[]);
     assert_eq!(doc["probe_mode"], "tp_btf");
     assert_exact(&doc, &deltas);
+    // The wakeup programs took their times from the run queue's clock, and each CPU's
+    // conversion to monotonic time was checked against the clock helper once a tick
+    // (tracer-ebpf clock.rs). The error includes the enqueue's own duration (the run-queue
+    // clock is read before it, the helper after), under a microsecond here; 20 us on average
+    // would mean a broken conversion, not a slow VM.
+    let l = &doc["losses"];
+    let checks = u(&l["clock_checks"]);
+    assert!(checks > 0, "no clock checks: {l}");
+    let mean = u(&l["clock_error_ns"]) / checks;
+    assert!(mean < 20_000, "mean wakeup clock error {mean} ns: {l}");
 }
 
 #[test]
@@ -203,9 +213,28 @@ fn json_carries_the_documented_fields_and_only_the_target() {
 fn two_tracers_on_one_pid_both_count_exactly() {
     let _guard = serial();
     require_root();
-    let (docs, deltas, _load) = record_mixed_by(&[&[], &[]], false);
+    // One with the tp_btf programs, one with the classic ones: the same counts either way.
+    let (docs, deltas, _load) = record_mixed_by(&[&[], &["--btf", "/nonexistent/vmlinux"]], false);
+    assert_eq!(docs[0]["probe_mode"], "tp_btf");
+    assert_eq!(docs[1]["probe_mode"], "classic");
     for doc in &docs {
         assert_exact(doc, &deltas);
+    }
+    // And the same waits. The tp_btf wakeup program takes a wait's start from the run queue's
+    // clock (converted, tracer-ebpf clock.rs), the classic one from the clock helper, which
+    // it reads after the enqueue (and maybe after the other program): the two differ by the
+    // enqueue's duration and the programs' own, under a microsecond or two per wait. (The
+    // kernel's schedstat is no tighter reference: it skips its clock update at a switch the
+    // wakeup asked for, so it counts some waits short and others long by whole microseconds.)
+    for (tid, _) in &deltas {
+        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
+        let (wa, wb) = (u(&a["runq_wait_ns"]), u(&b["runq_wait_ns"]));
+        let waits = u(&a["runq_waits"]);
+        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
+        assert!(
+            wa.abs_diff(wb) <= wa.max(wb) / 20 + 2_000 * waits,
+            "tid {tid}: runq wait {wa} ns (tp_btf) vs {wb} ns (classic) in {waits} waits"
+        );
     }
 }
 

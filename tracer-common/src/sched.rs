@@ -106,6 +106,11 @@ pub struct ThreadStats {
     pub parent_tid: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// This thread as a preemptor of the target's other threads (see `Preemptor`), kept here
+    /// rather than in the preemptor map: the thread's entry is at hand when it switches out,
+    /// and a second map lookup per switch cost 40-110 ns (BENCHMARKS.md).
+    pub caused_wait_ns: u64,
+    pub caused_slices: u64,
     pub runq_hist: [u32; RUNQ_HIST_SLOTS],
 }
 
@@ -134,6 +139,8 @@ impl ThreadStats {
             last_cpu: u32::MAX,
             parent_tid: 0,
             flags: 0,
+            caused_wait_ns: 0,
+            caused_slices: 0,
             runq_hist: [0; RUNQ_HIST_SLOTS],
         }
     }
@@ -194,8 +201,13 @@ pub enum Counter {
     UnseenSwitchOut = 5,
     /// `bpf_perf_event_read_value` failed: a slice's counters are missing.
     PerfReadFailed = 6,
+    /// Checks of a CPU's run-queue-to-monotonic clock difference against the clock helper
+    /// (tracer-ebpf `clock.rs`), about one per CPU per tick.
+    ClockChecks = 7,
+    /// Sum over those checks of the difference's error, in ns.
+    ClockErrorNs = 8,
 }
-pub const COUNTER_SLOTS: u32 = 7;
+pub const COUNTER_SLOTS: u32 = 9;
 
 /// Index of the run-queue wait histogram slot for a wait of `ns` nanoseconds.
 #[inline(always)]

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -85,7 +85,13 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
         return;
     }
     let cpu = read_u32(ctx, config!(wakeup_cpu_off));
-    sched::on_wakeup(tid, cpu, new, field(ctx, config!(wakeup_comm_off)));
+    sched::on_wakeup(
+        tid,
+        cpu,
+        new,
+        field(ctx, config!(wakeup_comm_off)),
+        || unsafe { bpf_ktime_get_ns() },
+    );
 }
 
 #[tracepoint(category = "sched", name = "sched_wakeup")]

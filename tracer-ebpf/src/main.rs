@@ -11,6 +11,8 @@
 #[cfg(target_arch = "bpf")]
 mod classic;
 #[cfg(target_arch = "bpf")]
+mod clock;
+#[cfg(target_arch = "bpf")]
 mod counters;
 #[cfg(target_arch = "bpf")]
 mod cuda;

@@ -76,6 +76,8 @@ fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
     t.last_cpu = NO_CPU;
     t.parent_tid = 0;
     t.flags = 0;
+    t.caused_wait_ns = 0;
+    t.caused_slices = 0;
     // NOEXIST: if another CPU created it meanwhile, keep theirs. Passed by reference: by value
     // it would be copied onto the stack first.
     #[allow(clippy::needless_borrows_for_generic_args)]
@@ -147,18 +149,23 @@ fn waiter_remove(cpu: u32, now: u64) {
     }
 }
 
-/// Charges the task leaving `cpu` (always `current`) with the waiting it caused target threads.
+/// Takes the target-waiting time on `w` up to `now`: what the task leaving the CPU (always
+/// `current`) caused.
 #[inline(always)]
-fn charge(w: &mut CpuWait, now: u64, pid: u32, tgid: u32) {
+fn owed(w: &mut CpuWait, now: u64) -> u64 {
     settle(w, now);
     let owed = w.pending_ns;
     w.pending_ns = 0;
+    owed
+}
+
+/// Charges a task outside the target with `owed` ns of waiting it caused target threads. (A
+/// target thread is charged in its own entry, `ThreadStats::caused_wait_ns`.)
+#[inline(always)]
+fn charge(owed: u64, pid: u32, tgid: u32) {
     // The idle task (pid 0) is recorded too: a CPU idling while a target thread waits in its
     // run queue means the thread could not run although the CPU was free (its cgroup was
     // throttled), or the wakeup was slow.
-    if owed == 0 {
-        return;
-    }
     if let Some(p) = PREEMPTORS.get_ptr_mut(pid) {
         // A task runs on one CPU at a time, so no other CPU updates this entry meanwhile.
         let p = unsafe { &mut *p };
@@ -231,7 +238,16 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
         repair_unseen_switch_in(t);
     }
     if owing && let Some(w) = wait {
-        charge(unsafe { &mut *w }, now, sw.prev_pid, sw.prev_tgid);
+        let owed = owed(unsafe { &mut *w }, now);
+        if owed != 0 {
+            match prev.as_deref_mut() {
+                Some(t) => {
+                    t.caused_wait_ns += owed;
+                    t.caused_slices += 1;
+                }
+                None => charge(owed, sw.prev_pid, sw.prev_tgid),
+            }
+        }
     }
     if let Some(t) = prev {
         switch_out(t, cpu, now, sw, &mut out);
@@ -328,8 +344,11 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     t.last_cpu = cpu;
     enter(t, ThreadState::Running, now);
     crate::counters::slice_begin(sw.next_pid, now);
+    // A wait that ended is at least 1 ns, so the record tells it from a switch-in that ended
+    // none: a wakeup's time comes from the run queue's clock (clock.rs), which can put it a
+    // few hundred ns after this switch's clock reading.
     let waited = if was == ThreadState::Runnable as u32 {
-        waited
+        waited.max(1)
     } else {
         0
     };
@@ -355,9 +374,9 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
 }
 
 /// A target thread was woken (or, with `new`, woken for the first time after creation), and
-/// joins the run queue of `cpu`.
+/// joins the run queue of `cpu`. `clock` gives the time, called only if the wakeup counts.
 #[inline(always)]
-pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm) {
+pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm, clock: impl FnOnce() -> u64) {
     let Some(t) = thread(tid, config!(target_tgid), comm) else {
         return;
     };
@@ -366,7 +385,7 @@ pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm) {
     if t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32 {
         return;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock();
     leave(t, now, ThreadState::Blocked);
     t.wakeups += 1;
     enter(t, ThreadState::Runnable, now);

@@ -2,12 +2,13 @@
 //! Field offsets come from the running kernel's BTF through `CONFIG`, never from headers.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 
 use crate::{
+    clock,
     maps::config,
     sched::{self, Comm, Switch},
 };
@@ -20,6 +21,14 @@ use crate::{
 #[inline(always)]
 fn read_u32(task: *const u8, off: u32) -> u32 {
     unsafe { core::ptr::read_volatile(task.add(off as usize) as *const u32) }
+}
+
+/// A pointer member of a kernel struct the verifier knows the type of (from BTF, as for
+/// `read_u32`): the result is typed too, so its own members can be read the same way. A
+/// faulting load gives null, and loads through null give 0.
+#[inline(always)]
+fn read_ptr(obj: *const u8, off: u32) -> *const u8 {
+    unsafe { core::ptr::read_volatile(obj.add(off as usize) as *const *const u8) }
 }
 
 #[inline(always)]
@@ -46,15 +55,16 @@ fn is_target(tgid: u32) -> bool {
 /// unsigned int prev_state)
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
-    // `prev` is `current` here, so its ids come from a helper rather than a memory read.
-    let prev = bpf_get_current_pid_tgid();
-    let prev_tgid = (prev >> 32) as u32;
+    // Plain loads from the task rather than `bpf_get_current_pid_tgid` (`prev` is `current`):
+    // a helper call costs more than a load (BENCHMARKS.md).
+    let prev: *const u8 = ctx.arg(1);
+    let prev_tgid = tgid_of(prev);
     let next: *const u8 = ctx.arg(2);
     let next_tgid = tgid_of(next);
     let sw = Switch {
         preempt: ctx.arg::<u64>(0) & 0xff != 0,
         prev_state: ctx.arg::<u64>(3) & 0xffff_ffff,
-        prev_pid: prev as u32,
+        prev_pid: pid_of(prev),
         prev_tgid,
         prev_target: is_target(prev_tgid),
         next_pid: 0,
@@ -81,7 +91,18 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     }
     // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
     let cpu = read_u32(p, config!(task_cpu_off));
-    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p));
+    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p), || {
+        if config!(wakeup_rq_clock) == 0 {
+            return unsafe { bpf_ktime_get_ns() };
+        }
+        // `p` is on its new run queue, whose clock the wakeup has just updated (clock.rs).
+        let cfs_rq = read_ptr(p, config!(task_cfs_rq_off));
+        let rq = read_ptr(cfs_rq, config!(cfs_rq_rq_off));
+        let rq_clock = unsafe {
+            core::ptr::read_volatile(rq.add(config!(rq_clock_off) as usize) as *const u64)
+        };
+        clock::monotonic_from_rq(rq_clock)
+    });
 }
 
 /// sched_wakeup(struct task_struct *p)

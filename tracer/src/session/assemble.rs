@@ -76,7 +76,7 @@ pub fn recording(
         .chain(finished.cuda.iter())
         .map(|(tid, c)| (*tid, CudaTotals::from(c)))
         .collect();
-    let preemptors = probes
+    let mut preemptors: Vec<PreemptorRecord> = probes
         .preemptors()?
         .into_iter()
         .map(|p| PreemptorRecord {
@@ -88,6 +88,20 @@ pub fn recording(
             slices: p.slices,
         })
         .collect();
+    // The target's own threads are charged in their thread entries (tracer-ebpf `on_switch`).
+    preemptors.extend(
+        kernel
+            .iter()
+            .filter(|t| t.caused_slices != 0)
+            .map(|t| PreemptorRecord {
+                pid: t.tid,
+                tgid: t.tgid,
+                comm: comm_string(&t.comm),
+                process_comm: comm_of(t.tgid),
+                wait_ns: t.caused_wait_ns,
+                slices: t.caused_slices,
+            }),
+    );
     let migration_routes = probes
         .migrations()?
         .into_iter()

@@ -68,9 +68,10 @@ pub fn btf(path: &Path) -> Capability {
         ));
     }
     match layout::TaskOffsets::from_btf_file(path) {
-        Ok(_) => yes(format!(
-            "{} parsed; task_struct offsets found",
-            path.display()
+        Ok(o) => yes(format!(
+            "{} parsed; task_struct offsets found; {}",
+            path.display(),
+            layout::wakeup_clock_note(o.rq_clock.is_some())
         )),
         Err(e) => no(format!("{} unusable: {e:#}", path.display())),
     }

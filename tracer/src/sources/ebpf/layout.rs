@@ -23,6 +23,27 @@ pub struct TaskOffsets {
     pub tgid: u32,
     pub comm: u32,
     pub cpu: u32,
+    /// The way from a task to its run queue's clock, where the kernel has one.
+    pub rq_clock: Option<RqClockPath>,
+}
+
+/// What a recording says about where its wakeup times come from.
+pub fn wakeup_clock_note(rq_clock: bool) -> &'static str {
+    if rq_clock {
+        "wakeup times from the run queue's clock"
+    } else {
+        "wakeup times from the clock helper (no cfs_rq.rq: CONFIG_FAIR_GROUP_SCHED is off)"
+    }
+}
+
+/// Offsets leading from a `task_struct` to `rq->clock` of the run queue it is on:
+/// `task->se.cfs_rq->rq->clock`. `cfs_rq.rq` exists only with CONFIG_FAIR_GROUP_SCHED (set by
+/// the distributions' kernels); without it the wakeup program reads the clock helper instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RqClockPath {
+    pub task_cfs_rq: u32,
+    pub cfs_rq_rq: u32,
+    pub rq_clock: u32,
 }
 
 impl TaskOffsets {
@@ -38,11 +59,19 @@ impl TaskOffsets {
         // (commit bcf9033e5449, "sched: move CPU field back into thread_info"); older kernels
         // have task_struct.cpu.
         let cpu = at(&["thread_info", "cpu"]).or_else(|_| at(&["cpu"]))?;
+        let rq_clock = (|| {
+            Some(RqClockPath {
+                task_cfs_rq: btf.member_offset(task, &["se", "cfs_rq"])?,
+                cfs_rq_rq: btf.member_offset(btf.struct_id("cfs_rq").ok()?, &["rq"])?,
+                rq_clock: btf.member_offset(btf.struct_id("rq").ok()?, &["clock"])?,
+            })
+        })();
         Ok(Self {
             pid: at(&["pid"])?,
             tgid: at(&["tgid"])?,
             comm: at(&["comm"])?,
             cpu,
+            rq_clock,
         })
     }
 
@@ -51,6 +80,12 @@ impl TaskOffsets {
         config.task_tgid_off = self.tgid;
         config.task_comm_off = self.comm;
         config.task_cpu_off = self.cpu;
+        if let Some(p) = self.rq_clock {
+            config.wakeup_rq_clock = 1;
+            config.task_cfs_rq_off = p.task_cfs_rq;
+            config.cfs_rq_rq_off = p.cfs_rq_rq;
+            config.rq_clock_off = p.rq_clock;
+        }
     }
 }
 
@@ -215,17 +250,14 @@ format:
         let text = String::from_utf8_lossy(&out.stdout);
         // "[ID] STRUCT 'task_struct' size=... vlen=..." then one "\t'name' type_id=.. bits_offset=.."
         // line per member.
-        let members: Vec<&str> = text
-            .lines()
-            .skip_while(|l| !l.contains("STRUCT 'task_struct' "))
-            .skip(1)
-            .take_while(|l| l.starts_with('\t'))
-            .collect();
-        let bits = |name: &str| -> u32 {
-            let line = members
-                .iter()
+        let bits_in = |st: &str, name: &str| -> u32 {
+            let line = text
+                .lines()
+                .skip_while(|l| !l.contains(&format!("STRUCT '{st}' ")))
+                .skip(1)
+                .take_while(|l| l.starts_with('\t'))
                 .find(|l| l.trim_start().starts_with(&format!("'{name}' ")))
-                .unwrap_or_else(|| panic!("bpftool shows no task_struct.{name}"));
+                .unwrap_or_else(|| panic!("bpftool shows no {st}.{name}"));
             line.split("bits_offset=")
                 .nth(1)
                 .unwrap()
@@ -235,6 +267,7 @@ format:
                 .parse()
                 .unwrap()
         };
+        let bits = |name: &str| bits_in("task_struct", name);
         assert_eq!(ours.pid * 8, bits("pid"));
         assert_eq!(ours.tgid * 8, bits("tgid"));
         assert_eq!(ours.comm * 8, bits("comm"));
@@ -242,5 +275,13 @@ format:
         // status, cpu) on x86-64.
         assert_eq!(bits("thread_info"), 0);
         assert_eq!(ours.cpu, 8 + 8 + 4);
+        // The way to the run queue's clock (this kernel has CONFIG_FAIR_GROUP_SCHED).
+        let rq = ours.rq_clock.expect("se.cfs_rq->rq->clock");
+        assert_eq!(
+            rq.task_cfs_rq * 8,
+            bits("se") + bits_in("sched_entity", "cfs_rq")
+        );
+        assert_eq!(rq.cfs_rq_rq * 8, bits_in("cfs_rq", "rq"));
+        assert_eq!(rq.rq_clock * 8, bits_in("rq", "clock"));
     }
 }

@@ -97,6 +97,14 @@ pub struct Losses {
     pub unseen_switch_outs: u64,
     /// Perf counter reads that failed: those slices' counters are missing.
     pub perf_read_failed: u64,
+    /// Not a loss: how exact the wakeup times were. The wakeup programs convert the run
+    /// queue's clock to monotonic time with a per-CPU difference measured once a tick
+    /// (tracer-ebpf `clock.rs`); each new measurement checks the last one against the clock
+    /// helper. `clock_checks` counts those checks and `clock_error_ns` adds up their errors.
+    #[serde(default)]
+    pub clock_checks: u64,
+    #[serde(default)]
+    pub clock_error_ns: u64,
 }
 
 /// Dead threads moved out of the kernel maps: their totals, counters and CUDA accounting.
@@ -228,7 +236,11 @@ impl SchedProbes {
         let btf_capability = match &btf {
             Some(_) => crate::sources::perf::Capability {
                 available: true,
-                reason: format!("{} parsed; task_struct offsets found", btf_path.display()),
+                reason: format!(
+                    "{} parsed; task_struct offsets found; {}",
+                    btf_path.display(),
+                    layout::wakeup_clock_note(config.wakeup_rq_clock != 0)
+                ),
             },
             None => crate::sources::host::btf(&btf_path),
         };

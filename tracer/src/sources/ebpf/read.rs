@@ -127,6 +127,8 @@ impl SchedProbes {
             unseen_switch_ins: sums[4],
             unseen_switch_outs: sums[5],
             perf_read_failed: sums[6],
+            clock_checks: sums[7],
+            clock_error_ns: sums[8],
         })
     }
 }
