@@ -250,3 +250,14 @@ fn an_overflowing_ring_buffer_reports_its_drops_and_keeps_exact_totals() {
     // The per-thread totals are kept in kernel maps, not carried by the ring: still exact.
     assert_exact(&doc, &deltas);
 }
+
+#[test]
+fn threads_beyond_the_direct_mapped_slots_count_exactly() {
+    let _guard = serial();
+    require_root();
+    // One slot: the first thread seen takes it and every other one goes to the hash map, the
+    // path of threads whose TIDs share a slot.
+    let (doc, deltas, _load) = record_mixed(&["--thread-slots", "1"]);
+    assert_eq!(doc["probe_mode"], "tp_btf");
+    assert_exact(&doc, &deltas);
+}

@@ -52,6 +52,9 @@ pub struct Config {
     /// reads from the records: switch-ins (each wait's length and kind), counter slices and
     /// thread births and exits; the totals are kept in maps either way.
     pub transitions: u32,
+    /// `THREAD_SLOTS` as the loader sized it, minus one (a power of two minus one: a TID's
+    /// slot is `tid & thread_slot_mask`).
+    pub thread_slot_mask: u32,
     /// Send a CPU's batch once it holds this many bytes (at most `BATCH_BYTES`; less for a
     /// small ring buffer, which a full batch would not fit).
     pub batch_bytes: u32,
@@ -86,6 +89,7 @@ impl Config {
             newtask_flags_off: 0,
             newtask_comm_off: 0,
             transitions: 1,
+            thread_slot_mask: 0,
             batch_bytes: BATCH_BYTES as u32,
         }
     }

@@ -12,6 +12,14 @@ pub const RUNQ_HIST_SLOTS: usize = 40;
 /// Maximum number of threads tracked at once in the kernel. Userspace moves dead threads out of
 /// the map while recording, so this bounds live threads, not threads seen.
 pub const MAX_THREADS: u32 = 16384;
+/// Direct-mapped thread slots (`THREAD_SLOTS`, indexed by TID modulo the count, a power of
+/// two; the loader may change it): a thread whose slot another thread holds goes to the
+/// `THREADS` hash map instead. A process's threads mostly have nearby TIDs, so they rarely
+/// collide.
+pub const THREAD_SLOTS: u32 = 4096;
+/// `BPF_F_MMAPABLE`: userspace maps the slots into its memory and reads them without a system
+/// call per slot.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// Maximum number of distinct tasks recorded as having run while a target thread waited.
 pub const MAX_PREEMPTORS: u32 = 4096;
 /// Maximum number of distinct (thread, from CPU, to CPU) migration routes.

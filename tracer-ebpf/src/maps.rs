@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use tracer_common::{
-    BATCH_BYTES, BatchBuf, COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread, Event,
-    MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor, ThreadCounters,
-    ThreadStats,
+    BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread,
+    Event, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor,
+    THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters, ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -28,7 +28,15 @@ macro_rules! config {
 }
 pub(crate) use config;
 
-/// Per-thread totals of the target, keyed by TID.
+/// Per-thread totals of the target, in the slot `tid & thread_slot_mask` (`tid` 0: free). The
+/// verifier turns an array lookup into a few inline instructions; a hash lookup is two calls,
+/// about 60 ns on our VMs, and the scheduler programs make three per round trip
+/// (BENCHMARKS.md). The loader sizes it.
+#[map]
+pub static THREAD_SLOTS: Array<ThreadStats> =
+    Array::with_max_entries(THREAD_SLOTS_DEFAULT, BPF_F_MMAPABLE);
+
+/// The threads whose slot another thread holds, keyed by TID.
 #[map]
 pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(MAX_THREADS, 0);
 

@@ -12,11 +12,13 @@ use aya_ebpf::helpers::{
 };
 use tracer_common::{
     COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXITED, FLAG_MOVED,
-    MigrationKey, Preemptor, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    MigrationKey, Preemptor, RUNQ_HIST_SLOTS, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode,
+    hist_slot,
 };
 
 use crate::maps::{
-    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_TEMPLATE, THREADS, config, count, emit,
+    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, config, count,
+    emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -44,16 +46,9 @@ fn read_comm(dst: &mut [u8; COMM_LEN], from: Comm) {
     }
 }
 
-/// The thread's entry, created on first sight.
+/// Sets every field of a new entry for `tid`; `tid` last, since a slot with `tid` 0 is free.
 #[inline(always)]
-fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
-    if let Some(t) = THREADS.get_ptr_mut(tid) {
-        return Some(unsafe { &mut *t });
-    }
-    let template = THREAD_TEMPLATE.get_ptr_mut(0)?;
-    // The template's histogram is never written, so it stays zero; every other field is set here.
-    let t = unsafe { &mut *template };
-    t.tid = tid;
+fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     t.tgid = tgid;
     t.comm = [0; COMM_LEN];
     read_comm(&mut t.comm, comm);
@@ -78,6 +73,38 @@ fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
     t.flags = 0;
     t.caused_wait_ns = 0;
     t.caused_slices = 0;
+    t.runq_hist = [0; RUNQ_HIST_SLOTS];
+    t.tid = tid;
+}
+
+/// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
+#[inline(always)]
+fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
+    let slot = THREAD_SLOTS.get_ptr_mut(tid & config!(thread_slot_mask));
+    if let Some(s) = slot {
+        let s = unsafe { &mut *s };
+        if s.tid == tid {
+            return Some(s);
+        }
+    }
+    if let Some(t) = THREADS.get_ptr_mut(tid) {
+        return Some(unsafe { &mut *t });
+    }
+    if let Some(s) = slot {
+        // Free (userspace frees the slots of dead threads), and the thread has no entry in
+        // the hash map, checked just above: a thread never has two entries. Two new threads
+        // whose TIDs share a slot, first seen on two CPUs in the same instant, could both
+        // take it; nothing cheaper than an atomic exchange (which this eBPF target lacks)
+        // would rule that out.
+        let s = unsafe { &mut *s };
+        if s.tid == 0 {
+            init(s, tid, tgid, comm);
+            return Some(s);
+        }
+    }
+    let template = THREAD_TEMPLATE.get_ptr_mut(0)?;
+    let t = unsafe { &mut *template };
+    init(t, tid, tgid, comm);
     // NOEXIST: if another CPU created it meanwhile, keep theirs. Passed by reference: by value
     // it would be copied onto the stack first.
     #[allow(clippy::needless_borrows_for_generic_args)]

@@ -87,6 +87,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
         ring_bytes: 4096 * 16,
         btf_path: None,
         markers: None,
+        thread_slots: tracer_common::THREAD_SLOTS,
     };
     // Loading puts every program through the verifier; nothing is attached.
     // With every record sent (timeline), the verifier sees every path.

@@ -91,6 +91,10 @@ pub struct RecordArgs {
     /// at a missing file to exercise the classic fallback).
     #[arg(long, hide = true)]
     pub btf: Option<PathBuf>,
+    /// Direct-mapped thread slots in the kernel, a power of two (tests make it 1 to send every
+    /// thread but one to the overflow hash map).
+    #[arg(long, default_value_t = tracer_common::THREAD_SLOTS, value_parser = parse_thread_slots, hide = true)]
+    pub thread_slots: u32,
     /// Perf counters read at each context switch of the target: hardware (cycles,
     /// instructions, LLC references/misses) where a PMU allows, software (cpu-clock,
     /// context-switches, cpu-migrations, to check the plumbing), all, or none.
@@ -205,6 +209,7 @@ impl RecordArgs {
                 ring_bytes: self.ring_kib * 1024,
                 btf_path: self.btf.clone(),
                 markers: self.requests.markers(),
+                thread_slots: self.thread_slots,
             },
             counters: self.counters,
             bin: self.bin,
@@ -225,6 +230,14 @@ fn parse_ring_kib(s: &str) -> Result<u32, String> {
     let v: u32 = s.parse().map_err(|e| format!("{e}"))?;
     if v < 4 || !v.is_power_of_two() || v > 1 << 20 {
         return Err("must be a power of two between 4 and 1048576 (KiB)".into());
+    }
+    Ok(v)
+}
+
+fn parse_thread_slots(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if v == 0 || !v.is_power_of_two() || v > 1 << 16 {
+        return Err("must be a power of two between 1 and 65536".into());
     }
     Ok(v)
 }
@@ -339,6 +352,11 @@ mod tests {
         assert_eq!(parse_ring_kib("8192"), Ok(8192));
         assert!(parse_ring_kib("1000").is_err());
         assert!(parse_ring_kib("2").is_err());
+        assert_eq!(parse_thread_slots("1"), Ok(1));
+        assert_eq!(parse_thread_slots("4096"), Ok(4096));
+        assert!(parse_thread_slots("0").is_err());
+        assert!(parse_thread_slots("3000").is_err());
+        assert!(parse_thread_slots("131072").is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod layout;
 mod read;
 pub mod requests;
 mod ring;
+mod slots;
 
 pub use ring::{Record, decode, encode, split};
 
@@ -132,6 +133,9 @@ pub struct ProbeOptions {
     pub btf_path: Option<std::path::PathBuf>,
     /// Request marker functions to probe, if any.
     pub markers: Option<requests::RequestMarkers>,
+    /// Direct-mapped thread slots in the kernel (a power of two; tests make it 1 to send
+    /// every thread but one to the hash map).
+    pub thread_slots: u32,
 }
 
 pub struct SchedProbes {
@@ -151,6 +155,7 @@ pub struct SchedProbes {
     pub cuda: crate::sources::perf::Capability,
     /// Request marker uprobes.
     marker_links: Vec<aya::programs::uprobe::UProbeLink>,
+    slots: slots::ThreadSlots,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -198,6 +203,8 @@ impl SchedProbes {
         config.transitions = timeline as u32;
         // A batch must fit the ring buffer many times over, or one batch could fill it.
         config.batch_bytes = (opts.ring_bytes / 16).min(tracer_common::BATCH_BYTES as u32);
+        let thread_slots = opts.thread_slots.max(1).next_power_of_two();
+        config.thread_slot_mask = thread_slots - 1;
         if let Some(arg) = opts.markers.as_ref().and_then(|m| m.id_arg) {
             config.request_id_arg = u32::from(arg);
         }
@@ -229,8 +236,10 @@ impl SchedProbes {
             .override_global("CONFIG", &config, true)
             .map_max_entries("CPU_WAIT", cpus)
             .map_max_entries("EVENTS", opts.ring_bytes)
+            .map_max_entries("THREAD_SLOTS", thread_slots)
             .load(OBJECT)
             .map_err(|e| load_error(format!("{e:#}")))?;
+        let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
         let btf_capability = match &btf {
@@ -270,6 +279,7 @@ impl SchedProbes {
                 reason: "CUDA probes not attached".into(),
             },
             marker_links: Vec::new(),
+            slots,
         })
     }
 

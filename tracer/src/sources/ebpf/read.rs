@@ -21,16 +21,18 @@ impl SchedProbes {
     /// returns them with their counters: the maps then have room for new threads however many
     /// come and go.
     pub fn reap_dead(&mut self) -> Result<Reaped> {
+        let mut dead = self.slots.take_dead();
         let mut map = self.threads_map()?;
-        let dead: Vec<ThreadStats> = map
+        let dead_hashed: Vec<ThreadStats> = map
             .iter()
             .filter_map(|r| r.ok())
             .map(|(_, v)| v)
             .filter(|v| v.state == ThreadState::Dead as u32)
             .collect();
-        for t in &dead {
+        for t in &dead_hashed {
             let _ = map.remove(&t.tid);
         }
+        dead.extend(dead_hashed);
         let mut counters = self.counters_map()?;
         let dead_counters: Vec<(u32, ThreadCounters)> = dead
             .iter()
@@ -95,9 +97,12 @@ impl SchedProbes {
             .collect())
     }
 
+    /// Every thread's totals: the slots in use, and the threads whose slot was taken.
     pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {
+        let mut threads = self.slots.used();
         let map = self.threads_map()?;
-        Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
+        threads.extend(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v));
+        Ok(threads)
     }
 
     pub fn preemptors(&self) -> Result<Vec<Preemptor>> {
