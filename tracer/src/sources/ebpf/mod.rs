@@ -156,6 +156,8 @@ pub struct SchedProbes {
     /// Request marker uprobes.
     marker_links: Vec<aya::programs::uprobe::UProbeLink>,
     slots: slots::ThreadSlots,
+    /// Calls of `reap_dead` so far.
+    reaps: u64,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -280,6 +282,7 @@ impl SchedProbes {
             },
             marker_links: Vec::new(),
             slots,
+            reaps: 0,
         })
     }
 

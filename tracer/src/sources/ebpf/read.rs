@@ -21,7 +21,15 @@ impl SchedProbes {
     /// returns them with their counters: the maps then have room for new threads however many
     /// come and go.
     pub fn reap_dead(&mut self) -> Result<Reaped> {
-        let mut dead = self.slots.take_dead();
+        // The slots are scanned every tenth call (about a second): a scan reads 4,096 cache
+        // lines, 0.4 % of a CPU at every call, and a dead thread's slot only keeps a later
+        // thread with a TID in the same slot in the hash map a little longer.
+        self.reaps += 1;
+        let mut dead = if self.reaps % 10 == 1 {
+            self.slots.take_dead()
+        } else {
+            Vec::new()
+        };
         let mut map = self.threads_map()?;
         let dead_hashed: Vec<ThreadStats> = map
             .iter()
