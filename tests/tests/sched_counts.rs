@@ -18,13 +18,22 @@ fn record_mixed(extra: &[&str]) -> (serde_json::Value, Vec<(u32, KernelCounts)>,
     (docs.remove(0), deltas, load)
 }
 
-/// The same, with one tracer per entry of `extras` attached at once; `stop_readers`: the
-/// tracers are stopped (SIGSTOP) while the workload runs, so nothing reads their ring buffers.
 fn record_mixed_by(
     extras: &[&[&str]],
     stop_readers: bool,
 ) -> (Vec<serde_json::Value>, Vec<(u32, KernelCounts)>, Testload) {
-    let mut load = Testload::spawn(&["mixed", "3"]);
+    record_by(&["mixed", "3"], extras, stop_readers)
+}
+
+/// One round of the test workload's `scenario`, with one tracer per entry of `extras`
+/// attached at once; `stop_readers`: the tracers are stopped (SIGSTOP) while the workload
+/// runs, so nothing reads their ring buffers.
+fn record_by(
+    scenario: &[&str],
+    extras: &[&[&str]],
+    stop_readers: bool,
+) -> (Vec<serde_json::Value>, Vec<(u32, KernelCounts)>, Testload) {
+    let mut load = Testload::spawn(scenario);
     load.settle();
     let pid = load.pid.to_string();
     let tracers: Vec<Tracer> = extras
@@ -107,6 +116,70 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
     }
 }
 
+/// `docs[0]` (tp_btf) and `docs[1]` (classic) saw the same run-queue waits. The tp_btf wakeup
+/// program takes a wait's start from the run queue's clock (converted, tracer-ebpf clock.rs),
+/// the classic one from the clock helper, which it reads after the enqueue (and maybe after
+/// the other program): the two differ by the enqueue's duration and the programs' own, under
+/// a microsecond or two per wait when the workload wakes a thread a few times a tick, tens of
+/// ns when it wakes threads thousands of times a tick (measured): `pct` and `per_wait_ns`
+/// allow for it. (The kernel's schedstat is no tighter reference: it skips
+/// its clock update at a switch the wakeup asked for, so it counts some waits short and others
+/// long by whole microseconds.)
+fn same_waits(
+    docs: &[serde_json::Value],
+    deltas: &[(u32, KernelCounts)],
+    pct: u64,
+    per_wait_ns: u64,
+) -> u64 {
+    assert_eq!(docs[0]["probe_mode"], "tp_btf");
+    assert_eq!(docs[1]["probe_mode"], "classic");
+    let mut total = 0;
+    for (tid, _) in deltas {
+        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
+        let (wa, wb) = (u(&a["runq_wait_ns"]), u(&b["runq_wait_ns"]));
+        let waits = u(&a["runq_waits"]);
+        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
+        // `runq_wait_ns` also holds the part of a wait open at a window's edge, and the two
+        // windows end apart: the workload's main thread, with a handful of waits, is not
+        // always parked then (two classic tracers once differed by 37 us over its 3 waits).
+        // The workers are parked at both edges.
+        if waits < 100 {
+            continue;
+        }
+        assert!(
+            wa.abs_diff(wb) <= wa.max(wb) * pct / 100 + per_wait_ns * waits,
+            "tid {tid}: runq wait {wa} ns (tp_btf) vs {wb} ns (classic) in {waits} waits"
+        );
+        total += waits;
+    }
+    total
+}
+
+#[test]
+fn wakeup_times_from_the_run_queue_clock_agree_with_the_clock_helper() {
+    let _guard = serial();
+    require_root();
+    // Two threads handing a turn back and forth on one CPU: far more wakeups a tick than the
+    // ones each tick's calibration reads the helper for, so most wakeup times are converted.
+    let (docs, deltas, _load) = record_by(
+        &["pingpong"],
+        &[&[], &["--btf", "/nonexistent/vmlinux"]],
+        false,
+    );
+    // Measured 6-15 ns per wait apart (0.2-0.5 %). About half the waits start at a wakeup
+    // (the others at a preemption, from the switch's clock), so a conversion 1 us off moves
+    // a thread's total by 0.5 us per wait, and fails.
+    let waits = same_waits(&docs, &deltas, 2, 200);
+    assert!(waits > 10_000, "too few waits to compare: {waits}");
+    let l = &docs[0]["losses"];
+    let checks = u(&l["clock_checks"]);
+    assert!(checks > 0, "no clock checks: {l}");
+    assert!(
+        u(&l["clock_error_ns"]) / checks < 20_000,
+        "mean wakeup clock error: {l}"
+    );
+}
+
 #[test]
 fn tp_btf_counts_equal_the_kernels() {
     let _guard = serial();
@@ -114,16 +187,6 @@ fn tp_btf_counts_equal_the_kernels() {
     let (doc, deltas, _load) = record_mixed(&[]);
     assert_eq!(doc["probe_mode"], "tp_btf");
     assert_exact(&doc, &deltas);
-    // The wakeup programs took their times from the run queue's clock, and each CPU's
-    // conversion to monotonic time was checked against the clock helper once a tick
-    // (tracer-ebpf clock.rs). The error includes the enqueue's own duration (the run-queue
-    // clock is read before it, the helper after), under a microsecond here; 20 us on average
-    // would mean a broken conversion, not a slow VM.
-    let l = &doc["losses"];
-    let checks = u(&l["clock_checks"]);
-    assert!(checks > 0, "no clock checks: {l}");
-    let mean = u(&l["clock_error_ns"]) / checks;
-    assert!(mean < 20_000, "mean wakeup clock error {mean} ns: {l}");
 }
 
 #[test]
@@ -220,22 +283,8 @@ fn two_tracers_on_one_pid_both_count_exactly() {
     for doc in &docs {
         assert_exact(doc, &deltas);
     }
-    // And the same waits. The tp_btf wakeup program takes a wait's start from the run queue's
-    // clock (converted, tracer-ebpf clock.rs), the classic one from the clock helper, which
-    // it reads after the enqueue (and maybe after the other program): the two differ by the
-    // enqueue's duration and the programs' own, under a microsecond or two per wait. (The
-    // kernel's schedstat is no tighter reference: it skips its clock update at a switch the
-    // wakeup asked for, so it counts some waits short and others long by whole microseconds.)
-    for (tid, _) in &deltas {
-        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
-        let (wa, wb) = (u(&a["runq_wait_ns"]), u(&b["runq_wait_ns"]));
-        let waits = u(&a["runq_waits"]);
-        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
-        assert!(
-            wa.abs_diff(wb) <= wa.max(wb) / 20 + 2_000 * waits,
-            "tid {tid}: runq wait {wa} ns (tp_btf) vs {wb} ns (classic) in {waits} waits"
-        );
-    }
+    // Measured 0.2-1.1 us per wait apart (0.4-3.5 %).
+    same_waits(&docs, &deltas, 5, 2_000);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! bracketed exactly: every thread is parked (blocked) whenever the test reads /proc, and all
 //! the activity happens between "go" and "done".
 //!
-//! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS | cuda LIBRARY
+//! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS | pingpong | cuda LIBRARY
 //! Prints `ready pid=P tids=T1,T2,...`, then for each `go` line on stdin runs the scenario once
 //! and prints `done ...`. Exits at end of input.
 
@@ -207,6 +207,24 @@ fn mixed_round(index: usize) {
     }
 }
 
+/// Whose turn it is in `pingpong`: even for worker 0, odd for worker 1.
+static TURN: Mutex<u64> = Mutex::new(0);
+static TURN_CV: Condvar = Condvar::new();
+
+/// Two threads on CPU 0 hand a turn back and forth 10,000 times each: every hand-off wakes
+/// the other, tens of thousands of wakeups a second on one CPU.
+fn pingpong_round(index: usize) {
+    pin_to(0);
+    for _ in 0..10_000 {
+        let mut turn = TURN.lock().unwrap();
+        while *turn % 2 != index as u64 {
+            turn = TURN_CV.wait(turn).unwrap();
+        }
+        *turn += 1;
+        TURN_CV.notify_all();
+    }
+}
+
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -224,6 +242,7 @@ fn main() {
         "mixed" => args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3),
         "lifecycle" => 2,
         "pinned" => 2,
+        "pingpong" => 2,
         "cuda" => 1,
         other => panic!("unknown scenario {other}"),
     };
@@ -251,6 +270,7 @@ fn main() {
                     seen = gate.wait_past(seen);
                     match scenario.as_str() {
                         "mixed" => mixed_round(index),
+                        "pingpong" => pingpong_round(index),
                         "pinned" => {
                             pin_to(cpu);
                             spin_for(Duration::from_millis(millis));
