@@ -46,7 +46,7 @@ fn read_comm(dst: &mut [u8; COMM_LEN], from: Comm) {
     }
 }
 
-/// Sets every field of a new entry for `tid`; `tid` last, since a slot with `tid` 0 is free.
+/// Sets every field of a new entry for `tid`.
 #[inline(always)]
 fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     t.tgid = tgid;

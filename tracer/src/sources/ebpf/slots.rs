@@ -82,7 +82,9 @@ impl ThreadSlots {
                 let p = self.slot(i);
                 // SAFETY: as in `used`. A dead thread's slot is not written by the kernel any
                 // more (unless its TID is reused at this instant); `tid` 0 frees it, and the
-                // kernel sets every field when it takes a free slot.
+                // kernel sets every field when it takes a free slot, in no set order. So the
+                // state is cleared first: a scan that meets a slot being taken must not see
+                // the new TID beside the old thread's Dead and free it again.
                 unsafe {
                     let tid = std::ptr::read_volatile(&raw const (*p).tid);
                     let state = std::ptr::read_volatile(&raw const (*p).state);
@@ -90,6 +92,7 @@ impl ThreadSlots {
                         return None;
                     }
                     let t = std::ptr::read_volatile(p);
+                    std::ptr::write_volatile(&raw mut (*p).state, ThreadState::Unknown as u32);
                     std::ptr::write_volatile(&raw mut (*p).tid, 0);
                     Some(t)
                 }
