@@ -99,9 +99,10 @@ pub struct Losses {
     /// Perf counter reads that failed: those slices' counters are missing.
     pub perf_read_failed: u64,
     /// Not a loss: how exact the wakeup times were. The wakeup programs convert the run
-    /// queue's clock to monotonic time with a per-CPU difference measured once a tick
-    /// (tracer-ebpf `clock.rs`); each new measurement checks the last one against the clock
-    /// helper. `clock_checks` counts those checks and `clock_error_ns` adds up their errors.
+    /// queue's clock to monotonic time with a per-CPU difference, the smallest of the first
+    /// 16 wakeups of each tick (tracer-ebpf `clock.rs`); each tick's first wakeup checks the
+    /// last tick's difference against the clock helper. `clock_checks` counts those checks
+    /// and `clock_error_ns` adds up their errors.
     #[serde(default)]
     pub clock_checks: u64,
     #[serde(default)]
