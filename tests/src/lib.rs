@@ -73,7 +73,49 @@ pub struct Testload {
 
 impl Testload {
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(testload_bin())
+        Self::spawn_under(&[], args)
+    }
+
+    /// The workload as PID 1 of a new PID namespace (`unshare -fp --mount-proc`), as in a
+    /// container. `pid` and `tids` are the host's IDs; the namespace's are returned beside.
+    pub fn spawn_in_pid_namespace(args: &[&str]) -> (Self, u32, Vec<u32>) {
+        let mut t = Self::spawn_under(&["unshare", "-fp", "--mount-proc"], args);
+        let (ns_pid, ns_tids) = (t.pid, t.tids.clone());
+        let unshare = t.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .expect("unshare's children");
+        t.pid = children.trim().parse().expect("one child: the workload");
+        // NSpid: the TID in each namespace, the host's first.
+        let host_of = |ns_tid: u32| -> u32 {
+            std::fs::read_dir(format!("/proc/{}/task", t.pid))
+                .unwrap()
+                .flatten()
+                .find_map(|e| {
+                    let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+                    let ids: Vec<u32> = status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("NSpid:"))?
+                        .split_whitespace()
+                        .filter_map(|v| v.parse().ok())
+                        .collect();
+                    (ids.last() == Some(&ns_tid)).then(|| ids[0])
+                })
+                .expect("every thread has an NSpid")
+        };
+        t.tids = ns_tids.iter().map(|&n| host_of(n)).collect();
+        (t, ns_pid, ns_tids)
+    }
+
+    fn spawn_under(prefix: &[&str], args: &[&str]) -> Self {
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(testload_bin());
+                c
+            }
+            None => Command::new(testload_bin()),
+        };
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

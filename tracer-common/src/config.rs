@@ -58,6 +58,18 @@ pub struct Config {
     /// Send a CPU's batch once it holds this many bytes (at most `BATCH_BYTES`; less for a
     /// small ring buffer, which a full batch would not fit).
     pub batch_bytes: u32,
+    /// The PID namespace iterator (`pidns.rs`): the inode of the namespace to list, and the
+    /// way from a `task_struct` to its number there: `task->thread_pid`, `pid->level`,
+    /// `pid->numbers[]` (of `upid_size` bytes each: `upid.nr`, `upid.ns`), and the inode in
+    /// `pid_namespace.ns.inum`.
+    pub pidns_inum: u32,
+    pub task_thread_pid_off: u32,
+    pub pid_level_off: u32,
+    pub pid_numbers_off: u32,
+    pub upid_size: u32,
+    pub upid_nr_off: u32,
+    pub upid_ns_off: u32,
+    pub pidns_inum_off: u32,
 }
 
 impl Config {
@@ -91,6 +103,14 @@ impl Config {
             transitions: 1,
             thread_slot_mask: 0,
             batch_bytes: BATCH_BYTES as u32,
+            pidns_inum: 0,
+            task_thread_pid_off: 0,
+            pid_level_off: 0,
+            pid_numbers_off: 0,
+            upid_size: 0,
+            upid_nr_off: 0,
+            upid_ns_off: 0,
+            pidns_inum_off: 0,
         }
     }
 }

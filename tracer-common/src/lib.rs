@@ -32,6 +32,7 @@ mod pod {
     unsafe impl aya::Pod for super::CounterReading {}
     unsafe impl aya::Pod for super::CounterSlice {}
     unsafe impl aya::Pod for super::CudaThread {}
+    unsafe impl aya::Pod for super::PidNsIds {}
     unsafe impl aya::Pod for super::BatchBuf {}
 }
 

@@ -180,6 +180,22 @@ pub struct CpuWait {
     pub pending_ns: u64,
 }
 
+/// Tasks the PID namespace iterator can list (tracer-ebpf `pidns.rs`).
+pub const MAX_PIDNS_TASKS: u32 = 1 << 18;
+/// PID namespaces nest at most 32 deep (MAX_PID_NS_LEVEL); the iterator follows 8, which is
+/// more than any container runtime makes.
+pub const MAX_PIDNS_LEVELS: u32 = 8;
+
+/// A task found in the PID namespace being listed, keyed by its TID in the initial namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PidNsIds {
+    /// Its process, in the initial namespace.
+    pub tgid: u32,
+    /// Its TID in the listed namespace.
+    pub ns_tid: u32,
+}
+
 /// Key of the migration-route map: which thread moved from which CPU to which.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

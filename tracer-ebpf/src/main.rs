@@ -21,6 +21,8 @@ mod floor;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod pidns;
+#[cfg(target_arch = "bpf")]
 mod requests;
 #[cfg(target_arch = "bpf")]
 mod sched;

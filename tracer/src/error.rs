@@ -27,4 +27,26 @@ pub enum TracerError {
 
     #[error("loading the BPF programs failed: {detail}")]
     Load { detail: String },
+
+    /// A command line that cannot be carried out as given: exit status 2, as for the errors
+    /// the argument parser finds.
+    #[error("{message}")]
+    Usage { message: String },
+
+    /// `tracer run`'s command could not be started: 127 when it was not found, 126 when it
+    /// could not be executed, as a shell says.
+    #[error("{message}")]
+    Exec { message: String, code: u8 },
+}
+
+impl TracerError {
+    /// The exit status an error ends the tool with: 2 for usage errors (as clap's own), a
+    /// shell's 126/127 for a command `run` could not start, 1 for everything else.
+    pub fn exit_code(e: &anyhow::Error) -> u8 {
+        match e.downcast_ref::<TracerError>() {
+            Some(TracerError::Usage { .. }) => 2,
+            Some(TracerError::Exec { code, .. }) => *code,
+            _ => 1,
+        }
+    }
 }

@@ -8,9 +8,11 @@
 pub mod analysis;
 pub mod cli;
 pub mod error;
+pub mod output;
 pub mod recording;
 pub mod render;
 pub mod session;
+pub mod signals;
 pub mod sources;
 pub mod trace;
 pub mod workload;

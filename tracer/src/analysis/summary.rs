@@ -72,6 +72,67 @@ pub struct Summary {
     /// The same, added up per process.
     pub preemptor_processes: Vec<PreemptorProcess>,
     pub migration_routes: Vec<RouteSummary>,
+    /// The tool's PID namespace, when it ran inside one (a container). Every ID in this
+    /// document is the kernel's, as the host numbers them (and as NVML and the host's tools
+    /// report them); `ids` says what the namespace calls those it knows.
+    pub pid_namespace: Option<PidNamespaceSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct PidNamespaceSummary {
+    /// The namespace's inode, as /proc/PID/ns/pid shows it.
+    pub inode: u64,
+    /// The target's PID in the namespace: the one given to the tool.
+    pub pid: Option<u32>,
+    /// The IDs of this document that the namespace knows; a task missing here (a neighbour
+    /// outside the container) has no ID there.
+    pub ids: Vec<NamespacedId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct NamespacedId {
+    pub host: u32,
+    pub ns: u32,
+}
+
+impl Summary {
+    /// How a kernel PID or TID is shown to a person: the tool's own namespace's number, which
+    /// is what its /proc and `ps` show; a task outside that namespace has none there, and is
+    /// shown by the host's number, marked.
+    pub fn shown_id(&self, host: u32) -> String {
+        match &self.pid_namespace {
+            None => host.to_string(),
+            Some(_) if host == 0 => "0".into(),
+            Some(ns) => match ns.ids.iter().find(|i| i.host == host) {
+                Some(i) => i.ns.to_string(),
+                None => format!("host:{host}"),
+            },
+        }
+    }
+}
+
+/// The namespace IDs of every ID the summary mentions.
+fn pid_namespace(rec: &Recording, s: &Summary) -> Option<PidNamespaceSummary> {
+    let ns = rec.pid_namespace.as_ref()?;
+    let mut wanted = std::collections::BTreeSet::new();
+    wanted.insert(s.pid);
+    wanted.extend(s.threads.iter().map(|t| t.tid));
+    wanted.extend(s.preemptors.iter().flat_map(|p| [p.pid, p.tgid]));
+    wanted.extend(s.preemptor_processes.iter().map(|p| p.tgid));
+    wanted.extend(s.migration_routes.iter().map(|r| r.route.tid));
+    Some(PidNamespaceSummary {
+        inode: ns.inode,
+        pid: ns.ids.get(&s.pid).copied(),
+        ids: wanted
+            .into_iter()
+            .filter_map(|host| {
+                Some(NamespacedId {
+                    host,
+                    ns: *ns.ids.get(&host)?,
+                })
+            })
+            .collect(),
+    })
 }
 
 /// A migration route, with how far it moved the thread.
@@ -118,6 +179,9 @@ pub struct CountersSummary {
     /// The counters measured (empty: none could be opened, see `capabilities.pmu`).
     pub measured: Vec<&'static str>,
     pub bin_ns: u64,
+    /// The bin width asked for, when `bin_ns` had to be wider to keep the series within
+    /// 10,000 bins over the window.
+    pub bins_widened_from_ns: Option<u64>,
     /// Totals over all threads.
     #[serde(flatten)]
     pub totals: CounterValues,
@@ -253,6 +317,7 @@ fn counters_summary(rec: &Recording) -> CountersSummary {
     CountersSummary {
         measured: slot_names(rec.counter_mask),
         bin_ns: rec.counter_bins.bin_ns,
+        bins_widened_from_ns: rec.counter_bins.widened_from_ns,
         totals: CounterValues::from_slots(&sums, rec.counter_mask),
         series: counters::process_series(rec),
     }
@@ -357,7 +422,9 @@ pub fn summarize(rec: &Recording) -> Summary {
         preemptors,
         preemptor_processes,
         migration_routes,
+        pid_namespace: None,
     };
+    s.pid_namespace = pid_namespace(rec, &s);
     s.verdict = verdict::judge(&s);
     s
 }

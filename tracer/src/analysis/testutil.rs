@@ -68,5 +68,6 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         tracer_cost: None,
         output_error: None,
         timeline: Default::default(),
+        pid_namespace: None,
     }
 }

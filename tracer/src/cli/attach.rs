@@ -21,20 +21,23 @@ pub struct AttachArgs {
 }
 
 pub fn run(args: AttachArgs) -> Result<()> {
+    args.record.check_inputs_and_outputs(false)?;
     let target = Target::resolve(args.pid)?;
     if let Some(tid) = target.resolved_from_tid
         && !args.record.quiet
     {
         eprintln!(
             "tracer: {tid} is a thread of process {} ({}); recording the whole process",
-            target.pid, target.comm
+            target.pid,
+            crate::recording::printable(&target.comm)
         );
     }
     let opts = args.record.session_options(Some(args.duration));
     let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
-    if let Some(path) = &args.record.requests.latencies {
-        super::load_latencies(&mut rec, path)?;
-    }
-    print_recording(&rec, args.record.json, &args.record.outputs)?;
-    Ok(())
+    print_recording(
+        &mut rec,
+        args.record.json,
+        &args.record.outputs,
+        args.record.requests.latencies.as_deref(),
+    )
 }

@@ -3,17 +3,17 @@
 mod attach;
 mod demo;
 mod doctor;
+mod emit;
 mod report;
 mod run;
+
+pub use emit::{load_latencies, print_recording, write_outputs};
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    analysis::summary::summarize,
-    recording::Recording,
-    recording::requests::parse_latency_log,
     render,
     session::{GpuSettings, SessionOptions},
     sources::{
@@ -158,21 +158,6 @@ impl RequestArgs {
     }
 }
 
-/// Reads the latency log into the recording's requests.
-pub fn load_latencies(rec: &mut Recording, path: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the latency log {}", path.display()))?;
-    let set = parse_latency_log(
-        &text,
-        rec.host.realtime_minus_monotonic_ns,
-        (rec.start_ns, rec.end_ns),
-    )
-    .with_context(|| format!("{}", path.display()))?;
-    rec.requests = Some(set);
-    Ok(())
-}
-
 /// Files made from a recording, by `attach`, `run` and `report` alike.
 #[derive(Debug, Args, Clone)]
 pub struct OutputArgs {
@@ -190,6 +175,22 @@ impl OutputArgs {
     pub fn need_timeline(&self) -> bool {
         self.perfetto.is_some() || self.html.is_some()
     }
+
+    fn paths(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let mut v = Vec::new();
+        if let Some(p) = &self.perfetto {
+            v.push(("--perfetto", p.as_path()));
+        }
+        if let Some(p) = &self.html {
+            v.push(("--html", p.as_path()));
+        }
+        v
+    }
+
+    /// Checks the files before any work is done (`report` reads the trace first).
+    pub fn check(&self) -> anyhow::Result<()> {
+        crate::output::check_all(&self.paths())
+    }
 }
 
 fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
@@ -201,6 +202,21 @@ fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
 }
 
 impl RecordArgs {
+    /// Checks every output path and the latency log before anything is attached: a path that
+    /// cannot be written, or the same file given twice, must not cost a recording.
+    /// `log_may_not_exist`: `run`'s command may create its latency log.
+    pub fn check_inputs_and_outputs(&self, log_may_not_exist: bool) -> anyhow::Result<()> {
+        let mut paths = self.outputs.paths();
+        if let Some(p) = &self.output {
+            paths.insert(0, ("--output", p.as_path()));
+        }
+        crate::output::check_all(&paths)?;
+        if let Some(p) = &self.requests.latencies {
+            emit::check_latency_log(p, log_may_not_exist)?;
+        }
+        Ok(())
+    }
+
     pub fn session_options(&self, duration: Option<Duration>) -> SessionOptions {
         SessionOptions {
             duration,
@@ -248,7 +264,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         if !secs.is_finite() || secs < 0.0 {
             return Err(format!("invalid duration {s:?}"));
         }
-        Duration::from_secs_f64(secs)
+        // Checked before converting: `Duration::from_secs_f64` panics past u64 seconds.
+        Duration::try_from_secs_f64(secs).map_err(|_| "the duration must be at most 24h")?
     } else {
         humantime::parse_duration(s)
             .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 10s, 500ms, 2m"))?
@@ -262,42 +279,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Prints a recording (text or JSON) and writes the files `outputs` asks for.
-pub fn print_recording(rec: &Recording, json: bool, outputs: &OutputArgs) -> anyhow::Result<()> {
-    let summary = summarize(rec);
-    if json {
-        println!("{}", render::json(&summary));
-    } else {
-        print!("{}", render::text::render(&summary));
-    }
-    write_outputs(rec, &summary, outputs)?;
-    match &rec.output_error {
-        Some(e) => anyhow::bail!("{e}"),
-        None => Ok(()),
-    }
-}
-
-/// Writes the Perfetto and HTML files `outputs` asks for.
-pub fn write_outputs(
-    rec: &Recording,
-    summary: &crate::analysis::summary::Summary,
-    outputs: &OutputArgs,
-) -> anyhow::Result<()> {
-    if let Some(path) = &outputs.perfetto {
-        write_output(path, &render::perfetto::render(rec))?;
-    }
-    if let Some(path) = &outputs.html {
-        write_output(path, render::html::render(rec, summary).as_bytes())?;
-    }
-    Ok(())
-}
-
-fn write_output(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    crate::trace::writer::write_atomic(path, bytes)?;
-    eprintln!("tracer: wrote {}", path.display());
-    Ok(())
-}
-
 /// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain
 /// the ring buffer, and it keeps the tracer's own footprint small.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -309,24 +290,25 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Attach(a) => attach::run(a),
+        Command::Attach(a) => attach::run(a).map(|()| 0),
         Command::Run(r) => run::run(r),
-        Command::Demo(d) => demo::run(d),
-        Command::Doctor(d) => doctor::run(d),
-        Command::Report(r) => report::run(r),
-        Command::Workload(w) => workload::server::run(w),
-        Command::Disturb(d) => workload::disturb::run(d),
-        Command::Floor => crate::sources::ebpf::floor::run(),
-        Command::Schema => {
-            print!("{}", render::json_schema());
-            Ok(())
-        }
+        Command::Demo(d) => demo::run(d).map(|()| 0),
+        Command::Doctor(d) => doctor::run(d).map(|()| 0),
+        Command::Report(r) => report::run(r).map(|()| 0),
+        Command::Workload(w) => workload::server::run(w).map(|()| 0),
+        Command::Disturb(d) => workload::disturb::run(d).map(|()| 0),
+        Command::Floor => crate::sources::ebpf::floor::run().map(|()| 0),
+        Command::Schema => emit::stdout(&render::json_schema()).map(|()| 0),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("tracer: error: {e:#}");
-            ExitCode::FAILURE
+            let message = format!("{e:#}");
+            eprintln!(
+                "tracer: error: {}",
+                crate::recording::terminal_safe(&message)
+            );
+            ExitCode::from(crate::error::TracerError::exit_code(&e))
         }
     }
 }
@@ -345,6 +327,9 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("25h").is_err());
+        // Past what a Duration holds: an error, not a panic.
+        assert!(parse_duration("1e300").is_err());
+        assert!(parse_duration("99999999999999999999y").is_err());
     }
 
     #[test]

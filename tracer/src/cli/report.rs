@@ -26,6 +26,10 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
+    args.outputs.check()?;
+    if let Some(p) = &args.latencies {
+        super::emit::check_latency_log(p, false)?;
+    }
     let contents = reader::read(&args.file)?;
     let damage = contents.damage.clone();
     let complete = contents.complete && contents.final_recording.is_some();
@@ -33,10 +37,12 @@ pub fn run(args: ReportArgs) -> Result<()> {
         contents,
         args.outputs.need_timeline() || args.latencies.is_some(),
     );
-    if let Some(path) = &args.latencies {
-        super::load_latencies(&mut rec, path)?;
-    }
-    print_recording(&rec, args.json, &args.outputs)?;
+    print_recording(
+        &mut rec,
+        args.json,
+        &args.outputs,
+        args.latencies.as_deref(),
+    )?;
     if let Some(d) = damage {
         bail!(
             "{}: {d}; the summary above covers what could be recovered",

@@ -76,7 +76,7 @@ impl Collector {
                         function: ev.aux,
                     }),
                     Ok(EventKind::CudaLaunch) => {
-                        let bin = ev.ts_ns.saturating_sub(self.bins.start_ns) / self.bins.bin_ns;
+                        let bin = self.bin_of(ev.ts_ns);
                         *self
                             .cuda_launches
                             .entry(ev.tid)
@@ -91,11 +91,31 @@ impl Collector {
                 }
             }
             Record::Counters(slice) => {
+                let width = self.bins.bin_ns;
                 self.bins.add(&slice);
+                self.follow_widening(width);
                 if let Some(t) = self.timeline.as_mut() {
                     t.slices.push(slice);
                 }
             }
+        }
+    }
+
+    /// The counter bin of time `t` (the launch bins share their width).
+    fn bin_of(&mut self, t: u64) -> u64 {
+        let width = self.bins.bin_ns;
+        let b = self.bins.bin_of(t);
+        self.follow_widening(width);
+        b
+    }
+
+    /// Widens the launch bins as the counter bins were, from `width`.
+    fn follow_widening(&mut self, mut width: u64) {
+        while width < self.bins.bin_ns {
+            for bins in self.cuda_launches.values_mut() {
+                super::counters::widen(bins, |a, b| *a += b);
+            }
+            width *= 2;
         }
     }
 

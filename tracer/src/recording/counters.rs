@@ -28,21 +28,61 @@ impl From<&ThreadCounters> for CounterTotals {
     }
 }
 
+/// At most this many bins over a recording: beyond it the bins are widened (doubled until it
+/// fits), so that `--bin 1ns`, or a long `run`, cannot grow the recording without bound. At the
+/// default 10 ms, 10,000 bins cover 100 s.
+pub const MAX_BINS: u64 = 10_000;
+
 /// Per-thread counter values in fixed-width time bins from the window start.
 #[derive(Debug, Clone, Default)]
 pub struct CounterBins {
     pub bin_ns: u64,
+    /// The width asked for, when the bins had to be widened past it.
+    pub widened_from_ns: Option<u64>,
     pub start_ns: u64,
     /// tid -> bin index -> values by slot.
     pub threads: BTreeMap<u32, BTreeMap<u64, [f64; PERF_SLOTS]>>,
+}
+
+/// Merges pairs of adjacent bins: the bins of twice the width.
+pub fn widen<T: Copy>(bins: &mut BTreeMap<u64, T>, merge: impl Fn(&mut T, T)) {
+    let old = std::mem::take(bins);
+    for (b, v) in old {
+        match bins.entry(b / 2) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(v);
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => merge(e.get_mut(), v),
+        }
+    }
 }
 
 impl CounterBins {
     pub fn new(start_ns: u64, bin_ns: u64) -> Self {
         Self {
             bin_ns: bin_ns.max(1),
+            widened_from_ns: None,
             start_ns,
             threads: BTreeMap::new(),
+        }
+    }
+
+    /// The bin of time `t`, widening every bin first if `t` lies past `MAX_BINS` of them.
+    pub fn bin_of(&mut self, t: u64) -> u64 {
+        loop {
+            let b = t.saturating_sub(self.start_ns) / self.bin_ns;
+            if b < MAX_BINS {
+                return b;
+            }
+            self.widened_from_ns.get_or_insert(self.bin_ns);
+            self.bin_ns = self.bin_ns.saturating_mul(2);
+            for bins in self.threads.values_mut() {
+                widen(bins, |a, b| {
+                    for (x, y) in a.iter_mut().zip(b) {
+                        *x += y;
+                    }
+                });
+            }
         }
     }
 
@@ -56,9 +96,9 @@ impl CounterBins {
             return;
         }
         let len = (s.ts_ns - s.start_ns) as f64;
-        let bins = self.threads.entry(s.tid).or_default();
+        let last = self.bin_of(end - 1);
         let first = (start - self.start_ns) / self.bin_ns;
-        let last = (end - 1 - self.start_ns) / self.bin_ns;
+        let bins = self.threads.entry(s.tid).or_default();
         for b in first..=last {
             let b_start = self.start_ns + b * self.bin_ns;
             let b_end = b_start + self.bin_ns;
@@ -112,6 +152,22 @@ mod tests {
         assert_eq!(t[&1][2], 0.0);
         let total: f64 = t.values().map(|v| v[1]).sum();
         assert_eq!(total, 800.0);
+    }
+
+    #[test]
+    fn bins_are_widened_to_stay_within_the_limit() {
+        // 1 ns bins over 3 * MAX_BINS ns: widened twice, to 4 ns.
+        let mut bins = CounterBins::new(0, 1);
+        bins.add(&slice(1, 0, 10, [10, 0, 0, 0, 0, 0, 0], 1));
+        bins.add(&slice(1, 10, 3 * MAX_BINS, [300, 0, 0, 0, 0, 0, 0], 1));
+        assert_eq!(bins.bin_ns, 4);
+        assert_eq!(bins.widened_from_ns, Some(1));
+        let t = &bins.threads[&1];
+        assert!(t.len() as u64 <= MAX_BINS, "{}", t.len());
+        let total: f64 = t.values().map(|v| v[0]).sum();
+        assert!((total - 310.0).abs() < 1e-6, "{total}");
+        // The first slice's 10 ns now fill bins 0 and 1 (and part of 2) of 4 ns each.
+        assert!((t[&0][0] - 4.0).abs() < 1e-9, "{:?}", t[&0]);
     }
 
     #[test]

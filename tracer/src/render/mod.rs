@@ -9,7 +9,25 @@ use crate::analysis::summary::Summary;
 
 /// The `--json` document: the summary, as one JSON object.
 pub fn json(s: &Summary) -> String {
-    serde_json::to_string_pretty(s).expect("the summary is plain data and always serializes")
+    json_terminal_safe(
+        &serde_json::to_string_pretty(s).expect("the summary is plain data and always serializes"),
+    )
+}
+
+/// serde_json escapes the C0 controls but writes DEL, the C1 controls and bidirectional
+/// overrides as they are, and a terminal acts on some of them. They can only occur inside
+/// strings, where `\uXXXX` means the same character.
+pub fn json_terminal_safe(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        // The newlines are the pretty-printer's own; inside strings serde escaped them.
+        if crate::recording::unsafe_for_terminals(c, true) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The JSON Schema of the `--json` document (docs/summary.schema.json is this, committed).

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
+use crate::recording::printable;
 use crate::{
     analysis::{quantiles::QuantileSource, summary::Summary},
     recording::EndReason,
@@ -76,9 +77,16 @@ pub fn render(s: &Summary) -> String {
     };
     let _ = writeln!(
         out,
-        "PID {} ({}): {} recorded{ended} with {probes}",
-        s.pid,
-        s.comm,
+        "PID {} ({}{}): {} recorded{ended} with {probes}",
+        s.shown_id(s.pid),
+        printable(&s.comm),
+        match &s.pid_namespace {
+            Some(ns) => format!(
+                ", host PID {}; TIDs below are in PID namespace {}",
+                s.pid, ns.inode
+            ),
+            None => String::new(),
+        },
         dur(s.duration_ns)
     );
     let _ = writeln!(
@@ -190,7 +198,7 @@ pub fn render(s: &Summary) -> String {
         "MIGR",
     ]);
     for th in active.iter().take(MAX_THREAD_ROWS) {
-        let mut name = th.comm.clone();
+        let mut name = printable(&th.comm).into_owned();
         if th.created_ns.is_some() {
             name.push_str(" +new");
         }
@@ -198,7 +206,7 @@ pub fn render(s: &Summary) -> String {
             name.push_str(" +exited");
         }
         tt.add_row(vec![
-            th.tid.to_string(),
+            s.shown_id(th.tid),
             name,
             dur(th.oncpu_ns),
             dur(th.runq_wait_ns),
@@ -240,14 +248,14 @@ pub fn render(s: &Summary) -> String {
         );
         let mut pt = table(&["PID", "PROCESS", "THREADS", "WAIT CAUSED", "SHARE"]);
         for p in s.preemptor_processes.iter().take(MAX_PREEMPTOR_ROWS) {
-            let mut name = p.comm.clone();
+            let mut name = printable(&p.comm).into_owned();
             if p.same_process {
                 name.push_str(" (the target itself)");
             } else if p.tgid == 0 && p.comm == crate::analysis::summary::IDLE {
                 name.push_str(" (no task ran: cgroup throttled, or a slow wakeup)");
             }
             pt.add_row(vec![
-                p.tgid.to_string(),
+                s.shown_id(p.tgid),
                 name,
                 p.threads.to_string(),
                 dur(p.wait_ns),
@@ -278,6 +286,15 @@ fn counters(out: &mut String, s: &Summary) {
     if c.measured.is_empty() {
         return;
     }
+    if let Some(asked) = c.bins_widened_from_ns {
+        let _ = writeln!(
+            out,
+            "\nCounter series: bins of {} instead of the {} asked for, to keep the series \
+             within 10,000 bins over the window.",
+            dur(c.bin_ns),
+            dur(asked)
+        );
+    }
     let hw = c.totals.cycles.is_some() || c.totals.llc_misses.is_some();
     if hw {
         let _ = writeln!(
@@ -297,8 +314,8 @@ fn counters(out: &mut String, s: &Summary) {
         for th in rows.iter().take(MAX_THREAD_ROWS) {
             let k = th.counters.as_ref().expect("filtered");
             t.add_row(vec![
-                th.tid.to_string(),
-                th.comm.clone(),
+                s.shown_id(th.tid),
+                printable(&th.comm).into_owned(),
                 opt(k.values.ipc.map(|v| format!("{v:.2}"))),
                 opt(k.values.mpki.map(|v| format!("{v:.2}"))),
                 opt(k.values.llc_miss_ratio.map(pct)),

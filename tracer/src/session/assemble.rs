@@ -83,7 +83,7 @@ pub fn recording(
             pid: p.pid,
             tgid: p.tgid,
             comm: comm_string(&p.comm),
-            process_comm: comm_of(p.tgid),
+            process_comm: target.proc_pid_of(p.tgid).and_then(comm_of),
             wait_ns: p.wait_ns,
             slices: p.slices,
         })
@@ -97,7 +97,7 @@ pub fn recording(
                 pid: t.tid,
                 tgid: t.tgid,
                 comm: comm_string(&t.comm),
-                process_comm: comm_of(t.tgid),
+                process_comm: target.proc_pid_of(t.tgid).and_then(comm_of),
                 wait_ns: t.caused_wait_ns,
                 slices: t.caused_slices,
             }),
@@ -158,7 +158,11 @@ pub fn recording(
         tracer_cost: None,
         output_error: None,
         timeline: Default::default(),
+        pid_namespace: None,
     };
+    rec.pid_namespace = target
+        .namespace_ids()
+        .map(|(inode, ids)| crate::recording::PidNamespaceIds { inode, ids });
     col.finish_into(&mut rec);
     Ok(rec)
 }

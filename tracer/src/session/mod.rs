@@ -2,11 +2,7 @@
 //! too, when asked) until the window ends (duration, Ctrl-C / SIGTERM, or the target's exit),
 //! detach, and assemble the recording.
 
-use std::{
-    os::fd::{FromRawFd as _, OwnedFd},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{os::fd::OwnedFd, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -65,15 +61,10 @@ const TICK: Duration = Duration::from_millis(100);
 const DETACH_GRACE: Duration = Duration::from_millis(20);
 
 /// Opens a pidfd, which becomes readable when the process exits (Linux 5.3+).
-fn pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the descriptor was just created and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: the AsyncFd owns the OwnedFd, which stays open until the AsyncFd is dropped.
+/// The target's pidfd (opened when it was resolved), which becomes readable when it exits.
+fn exit_watch(target: &Target) -> Option<AsyncFd<OwnedFd>> {
+    let fd = target.pidfd.as_ref()?.try_clone().ok()?;
+    // SAFETY: the AsyncFd owns this duplicate, which stays open until the AsyncFd is dropped.
     unsafe { AsyncFd::register(fd) }.ok()
 }
 
@@ -131,17 +122,28 @@ pub async fn record(
             reason: "GPU sampling turned off (--no-gpu)".into(),
         }),
     };
-    let throttle = ThrottleProbe::new(target.pid);
-    let exit_fd = pidfd(target.pid);
+    let throttle = ThrottleProbe::new(target.proc_pid);
+    let exit_fd = exit_watch(target);
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let host = host::host_meta(&cpus);
 
     // The CUDA probes first: attaching them takes a while with a large libcuda, and they
     // only account CUDA calls, which the window's edges do not cut.
-    probes.attach_cuda(target.pid)?;
+    // /proc paths and uprobe PIDs are this tool's namespace's; the programs filter on the
+    // kernel's TGID, set at load.
+    probes.attach_cuda(target.proc_pid)?;
     if let Some(m) = &opts.probes.markers {
-        probes.attach_markers(target.pid, m)?;
+        probes.attach_markers(target.proc_pid, m)?;
+    }
+    // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already stand
+    // for another process, which the programs (filtering on the number) must not record.
+    if target.gone() {
+        anyhow::bail!(
+            "PID {} ({}) exited before the recording started",
+            target.pid,
+            crate::recording::printable(&target.comm)
+        );
     }
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
@@ -159,6 +161,13 @@ pub async fn record(
             bin_ns,
             counter_mask: probes.counter_mask,
             threads: initial.clone(),
+            pid_namespace: target
+                .pidns
+                .as_ref()
+                .map(|ns| crate::recording::PidNamespaceIds {
+                    inode: ns.inode,
+                    ids: ns.table(),
+                }),
         });
     }
     if opts.notices {
@@ -224,6 +233,14 @@ pub async fn record(
         }
     };
     bar.finish_and_clear();
+    // The window is closed: from here a signal ends the tool at once (signals.rs).
+    crate::signals::exit_on_interrupt(&match &writer {
+        Some(w) => format!(
+            "the partial trace is in {} (`tracer report` reads it)",
+            w.temp().display()
+        ),
+        None => "no summary was printed".into(),
+    });
 
     probes.detach_sched();
     let end = monotonic_ns();
@@ -279,8 +296,15 @@ pub async fn record(
         // A file that cannot be finished (full disk) must not cost the recording: it is still
         // reported, and the command fails after.
         match w.finish(&rec) {
-            Ok(path) if opts.notices => eprintln!("tracer: trace written to {}", path.display()),
-            Ok(_) => {}
+            Ok(path) => {
+                crate::signals::exit_on_interrupt(&format!(
+                    "the trace file {} is complete (`tracer report` reads it)",
+                    path.display()
+                ));
+                if opts.notices {
+                    eprintln!("tracer: trace written to {}", path.display());
+                }
+            }
             Err(e) => rec.output_error = Some(format!("{e:#}")),
         }
     }
@@ -354,9 +378,15 @@ fn notices(
         Some(d) => format!("for {}", humantime(d)),
         None => "until it exits".to_string(),
     };
+    let host = if target.pid != target.proc_pid {
+        format!(", PID {} on the host", target.pid)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "tracer: recording PID {} ({}, {threads} threads) {until}; Ctrl-C stops early and still reports",
-        target.pid, target.comm,
+        "tracer: recording PID {} ({}{host}, {threads} threads) {until}; Ctrl-C stops early and still reports",
+        target.proc_pid,
+        crate::recording::printable(&target.comm),
     );
 }
 

@@ -6,6 +6,7 @@ pub mod ebpf;
 pub mod gpu;
 pub mod host;
 pub mod perf;
+pub mod pidns;
 pub mod privileges;
 pub mod process;
 pub mod topology;

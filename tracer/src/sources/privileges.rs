@@ -9,9 +9,8 @@ const CAP_BPF: u32 = 39;
 
 /// Effective capability bits of this process.
 pub fn effective_caps() -> u64 {
-    procfs::process::Process::myself()
-        .and_then(|p| p.status())
-        .map(|s| s.capeff)
+    super::process::status_field("/proc/self/status", "CapEff")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
         .unwrap_or(0)
 }
 

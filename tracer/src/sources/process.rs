@@ -1,8 +1,14 @@
 //! The target process as /proc describes it: validation, its threads, their names and states.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::Arc,
+};
 
 use procfs::process::Process;
+
+use super::pidns::{self, PidNamespace};
 
 use crate::error::TracerError;
 
@@ -12,11 +18,24 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 /// A process that may be traced.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// Its PID as the kernel numbers it (the initial PID namespace): what the BPF programs
+    /// and NVML compare with.
     pub pid: u32,
+    /// Its PID in this tool's /proc: the same, unless the tool runs inside a PID namespace.
+    pub proc_pid: u32,
+    /// The tool's PID namespace, when it is not the initial one: how /proc's IDs map to the
+    /// kernel's.
+    pub pidns: Option<Arc<PidNamespace>>,
     pub comm: String,
     pub cmdline: Vec<String>,
     /// Set when the PID given was a thread of another process, which is traced instead.
     pub resolved_from_tid: Option<u32>,
+    /// Its main thread has exited (a zombie) while other threads run on.
+    pub leader_exited: bool,
+    /// A pidfd opened before anything was read from /proc: it pins the process, so the PID
+    /// cannot stand for another one while it is held, and it becomes readable when the
+    /// process exits. None where pidfd_open is missing (before Linux 5.3).
+    pub pidfd: Option<Arc<OwnedFd>>,
 }
 
 /// What /proc says of one thread when the recording starts.
@@ -28,8 +47,83 @@ pub struct ThreadInfo {
     pub state: char,
 }
 
+/// One field of /proc/PID/status, read as bytes: the file also holds the thread's name, which
+/// need not be UTF-8 (a non-ASCII name cut at 15 bytes is enough), and that must not make the
+/// other fields unreadable.
+pub fn status_field(path: &str, name: &str) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    bytes.split(|&b| b == b'\n').find_map(|line| {
+        let rest = line.strip_prefix(name.as_bytes())?.strip_prefix(b":")?;
+        Some(String::from_utf8_lossy(rest).trim().to_string())
+    })
+}
+
+/// Opens a pidfd on `pid` (Linux 5.3+); EINVAL for a TID that is not a process's main thread.
+fn open_pidfd(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process behind a pidfd still exists (signal 0 checks without sending).
+pub fn pidfd_alive(fd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal with signal 0 and no info only checks the target.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn missing(pid: u32) -> TracerError {
+    TracerError::NoSuchProcess { pid }
+}
+
+/// Any thread of `pid` that has not exited.
+fn has_live_thread(pid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the last ')' (the name may hold any byte but NUL).
+            let state = stat
+                .iter()
+                .rposition(|&b| b == b')')
+                .and_then(|i| stat.get(i + 2));
+            !matches!(state, Some(b'Z' | b'X') | None)
+        })
+    })
+}
+
+/// The kernel's PID for a PID of this tool's /proc, and the namespace that maps them.
+fn to_host(proc_pid: u32) -> anyhow::Result<(u32, Option<Arc<PidNamespace>>)> {
+    let Some(inode) = pidns::proc_namespace() else {
+        return Ok((proc_pid, None));
+    };
+    let ns = PidNamespace::open(inode)?;
+    let host = ns.host_of(proc_pid).ok_or_else(|| {
+        anyhow::anyhow!(
+            "PID {proc_pid} was not found in this tool's PID namespace ({inode}) by the task \
+             iterator"
+        )
+    })?;
+    Ok((host.tgid, Some(Arc::new(ns))))
+}
+
 impl Target {
-    /// Checks that `pid` names a live user process and resolves a TID to its process.
+    /// Checks that `pid` names a live user process and resolves a TID to its process. The
+    /// process is pinned by a pidfd before its name is read, and checked to be alive after,
+    /// so that a PID reused in between cannot be traced under the first one's name.
     pub fn resolve(pid: u32) -> Result<Self, TracerError> {
         if pid == 0 {
             return Err(TracerError::BadTarget {
@@ -37,80 +131,138 @@ impl Target {
                 why: "PID 0 is the idle task, not a process".into(),
             });
         }
-        let proc = Process::new(pid as i32).map_err(|_| TracerError::NoSuchProcess { pid })?;
-        let stat = proc
-            .stat()
-            .map_err(|_| TracerError::NoSuchProcess { pid })?;
+        let tgid: u32 = status_field(&format!("/proc/{pid}/status"), "Tgid")
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| missing(pid))?;
+        let pidfd = match open_pidfd(tgid) {
+            Ok(fd) => Some(Arc::new(fd)),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(missing(pid)),
+            // ENOSYS before Linux 5.3: the PID is all there is.
+            Err(_) => None,
+        };
+        let proc = Process::new(tgid as i32).map_err(|_| missing(tgid))?;
+        let stat = proc.stat().map_err(|_| missing(tgid))?;
         if stat.flags & PF_KTHREAD != 0 {
             return Err(TracerError::BadTarget {
                 pid,
                 why: format!(
                     "it is the kernel thread [{}]; tracer attaches to user processes",
-                    stat.comm
+                    crate::recording::printable(&stat.comm)
                 ),
             });
         }
-        if stat.state == 'Z' || stat.state == 'X' {
+        let exited = stat.state == 'Z' || stat.state == 'X';
+        // A main thread that exited stays a zombie until the last thread does: the process
+        // still runs.
+        let leader_exited = exited && has_live_thread(tgid);
+        if exited && !leader_exited {
             return Err(TracerError::BadTarget {
                 pid,
                 why: format!(
                     "it has exited ({}, a zombie its parent PID {} has not reaped) and has no \
                      threads left to trace: give the PID of a running process",
-                    stat.comm, stat.ppid
+                    crate::recording::printable(&stat.comm),
+                    stat.ppid
                 ),
             });
         }
-        let status = proc
-            .status()
-            .map_err(|_| TracerError::NoSuchProcess { pid })?;
-        let tgid = status.tgid as u32;
-        let (proc, resolved_from_tid) = if tgid != pid {
-            let leader =
-                Process::new(tgid as i32).map_err(|_| TracerError::NoSuchProcess { pid: tgid })?;
-            (leader, Some(pid))
-        } else {
-            (proc, None)
-        };
-        let comm = proc.stat().map(|s| s.comm).unwrap_or_default();
         let cmdline = proc.cmdline().unwrap_or_default();
+        let (host_pid, pidns) = to_host(tgid).map_err(|e| TracerError::BadTarget {
+            pid,
+            why: format!("{e:#}"),
+        })?;
+        if pidfd.as_deref().is_some_and(|fd| !pidfd_alive(fd)) {
+            return Err(missing(tgid));
+        }
         Ok(Self {
-            pid: tgid,
-            comm,
+            pid: host_pid,
+            proc_pid: tgid,
+            pidns,
+            comm: stat.comm,
             cmdline,
-            resolved_from_tid,
+            resolved_from_tid: (tgid != pid).then_some(pid),
+            leader_exited,
+            pidfd,
         })
     }
 
-    /// The process's threads now. A thread that exits while being listed is skipped.
+    /// A process this tool just forked (`tracer run`): pinned by a pidfd the same way.
+    pub fn child(pid: u32, argv: &[String]) -> anyhow::Result<Self> {
+        let (host_pid, pidns) = to_host(pid)?;
+        Ok(Self {
+            pid: host_pid,
+            proc_pid: pid,
+            pidns,
+            comm: argv.first().cloned().unwrap_or_default(),
+            cmdline: argv.to_vec(),
+            resolved_from_tid: None,
+            leader_exited: false,
+            pidfd: open_pidfd(pid).ok().map(Arc::new),
+        })
+    }
+
+    /// The kernel's TID for a TID of this tool's /proc.
+    pub fn host_tid(&self, proc_tid: u32) -> Option<u32> {
+        match &self.pidns {
+            None => Some(proc_tid),
+            Some(ns) => ns.host_of(proc_tid).map(|h| h.tid),
+        }
+    }
+
+    /// The PID in this tool's /proc of a task the kernel calls `host_pid` (None for a task
+    /// outside the tool's PID namespace, which its /proc cannot show).
+    pub fn proc_pid_of(&self, host_pid: u32) -> Option<u32> {
+        match &self.pidns {
+            None => Some(host_pid),
+            Some(ns) => ns.ns_of(host_pid),
+        }
+    }
+
+    /// Whether the process is gone (exited, or its PID no longer names it).
+    pub fn gone(&self) -> bool {
+        match &self.pidfd {
+            Some(fd) => !pidfd_alive(fd),
+            None => !self.alive(),
+        }
+    }
+
+    /// The process's threads now, by their kernel TIDs. A thread that exits while being
+    /// listed is skipped.
     pub fn threads(&self) -> BTreeMap<u32, ThreadInfo> {
         let mut out = BTreeMap::new();
-        let Ok(proc) = Process::new(self.pid as i32) else {
+        let Ok(proc) = Process::new(self.proc_pid as i32) else {
             return out;
         };
         let Ok(tasks) = proc.tasks() else {
             return out;
         };
         for task in tasks.flatten() {
-            if let Ok(stat) = task.stat() {
-                out.insert(
-                    task.tid as u32,
-                    ThreadInfo {
-                        tid: task.tid as u32,
-                        comm: stat.comm,
-                        state: stat.state,
-                    },
-                );
-            }
+            let (Ok(stat), Some(tid)) = (task.stat(), self.host_tid(task.tid as u32)) else {
+                continue;
+            };
+            out.insert(
+                tid,
+                ThreadInfo {
+                    tid,
+                    comm: stat.comm,
+                    state: stat.state,
+                },
+            );
         }
         out
     }
 
-    /// True while the process exists and has not exited (a zombie has exited).
+    /// True while the process has a thread that has not exited.
     pub fn alive(&self) -> bool {
-        Process::new(self.pid as i32)
-            .and_then(|p| p.stat())
-            .map(|s| s.state != 'Z' && s.state != 'X')
-            .unwrap_or(false)
+        has_live_thread(self.proc_pid)
+    }
+
+    /// Kernel TID -> TID in this tool's PID namespace, for every task seen in it; None
+    /// outside a namespace. Listed again first, to name the threads born since.
+    pub fn namespace_ids(&self) -> Option<(u64, BTreeMap<u32, u32>)> {
+        let ns = self.pidns.as_ref()?;
+        let _ = ns.scan();
+        Some((ns.inode, ns.table()))
     }
 }
 

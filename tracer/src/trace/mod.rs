@@ -31,4 +31,7 @@ pub struct TraceMeta {
     pub counter_mask: u32,
     /// The target's threads when the recording started.
     pub threads: std::collections::BTreeMap<u32, crate::sources::process::ThreadInfo>,
+    /// The tool's PID namespace as listed when the recording started, if it ran in one.
+    #[serde(default)]
+    pub pid_namespace: Option<crate::recording::PidNamespaceIds>,
 }

@@ -93,5 +93,6 @@ fn placeholder_meta() -> TraceMeta {
         bin_ns: 0,
         counter_mask: 0,
         threads: Default::default(),
+        pid_namespace: None,
     }
 }

@@ -144,6 +144,7 @@ fn partial(
             }
         )),
         timeline: Default::default(),
+        pid_namespace: meta.pid_namespace.clone(),
     }
 }
 

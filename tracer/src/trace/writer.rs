@@ -5,7 +5,7 @@
 use std::{
     fs::{File, OpenOptions},
     io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt,
+    os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -57,38 +57,32 @@ impl TraceWriter {
     /// symbolic link, if a `PATH.tmp` is left from an interrupted recording, or if the
     /// directory is not writable.
     pub fn create(path: &Path) -> Result<Self> {
-        if let Ok(m) = std::fs::symlink_metadata(path) {
-            if m.file_type().is_symlink() {
-                bail!(
-                    "{} is a symbolic link; the tracer does not write through links: give the \
-                     real path",
-                    path.display()
-                );
-            }
-            if m.is_dir() {
-                bail!("{} is a directory: give a file name", path.display());
-            }
-        }
+        crate::output::check_replaceable(path)?;
         let tmp = temp_path(path);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => anyhow!(
-                    "{} exists, left by an interrupted recording: read what it holds with \
-                     `tracer report {}`, then remove it",
-                    tmp.display(),
-                    tmp.display()
-                ),
-                _ => anyhow!(
-                    "cannot write the trace file {}: {e} (check that the directory exists and \
-                     is writable)",
-                    tmp.display()
-                ),
-            })?;
+        let file = match create_temp(&tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                leftover(&tmp)?;
+                create_temp(&tmp)
+            }
+            r => r,
+        }
+        .map_err(|e| {
+            anyhow!(
+                "cannot write the trace file {}: {e} (check that the directory exists and is \
+                 writable)",
+                tmp.display()
+            )
+        })?;
+        // Held until the file is finished or the tracer dies: another tracer given the same
+        // path can tell a live recording from a leftover.
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            bail!(
+                "another tracer is writing {} now: wait for it to finish, or give another path",
+                tmp.display()
+            );
+        }
+        crate::output::own_by_invoker(&file);
         let mut out = BufWriter::new(file);
         write_header(&mut out).with_context(|| format!("writing {}", tmp.display()))?;
         Ok(Self {
@@ -114,6 +108,8 @@ impl TraceWriter {
 
     pub fn meta(&mut self, meta: &TraceMeta) {
         self.frame(FrameKind::Meta, &cbor(meta), false);
+        // Out now: a tracer killed in its first second leaves a file `report` can name.
+        self.flush();
     }
 
     /// Buffers one raw ring-buffer record.
@@ -162,6 +158,7 @@ impl TraceWriter {
 
     /// Writes the final frames, syncs, and renames `PATH.tmp` to `PATH`.
     pub fn finish(mut self, rec: &Recording) -> Result<PathBuf> {
+        let _deferred = crate::signals::Deferred::new();
         self.flush();
         self.frame(FrameKind::Final, &cbor(rec), true);
         self.frame(FrameKind::End, &[], false);
@@ -178,9 +175,7 @@ impl TraceWriter {
         let file = out.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
         file.sync_all()
             .with_context(|| format!("syncing {}", self.tmp.display()))?;
-        std::fs::rename(&self.tmp, &self.path).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.path.display())
-        })?;
+        crate::output::rename_into_place(&self.tmp, &self.path)?;
         // The rename itself is durable once the directory is synced.
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
             && let Ok(d) = File::open(dir)
@@ -197,19 +192,10 @@ impl TraceWriter {
 }
 
 /// Writes `bytes` to `path` all at once: into a temporary file beside it (0600, never through
-/// a symbolic link), then renamed over `path`.
+/// a symbolic link), then renamed over `path`, which must be absent or a regular file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if m.file_type().is_symlink() {
-            bail!(
-                "{} is a symbolic link; the tracer does not write through links",
-                path.display()
-            );
-        }
-        if m.is_dir() {
-            bail!("{} is a directory: give a file name", path.display());
-        }
-    }
+    crate::output::check_replaceable(path)?;
+    let _deferred = crate::signals::Deferred::new();
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
@@ -220,15 +206,82 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
+        crate::output::own_by_invoker(&f);
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        f.sync_all()
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         bail!("cannot write {}: {e}", path.display());
     }
-    Ok(())
+    crate::output::rename_into_place(&tmp, path)
+}
+
+fn create_temp(tmp: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(tmp)
+}
+
+/// The header alone: what a recording killed before its first flush leaves.
+const HEADER_BYTES: u64 = 16;
+
+/// Decides what to do about a `PATH.tmp` that already exists. A live recording holds a lock
+/// on it: refused. A leftover without a single frame holds nothing (the tracer was killed in
+/// its first second): removed, with a notice. Anything else may hold a recording: the user is
+/// told how to read it.
+fn leftover(tmp: &Path) -> Result<()> {
+    let busy = File::open(tmp).is_ok_and(|f| {
+        // SAFETY: flock on a descriptor we own; it is released when `f` is dropped.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+    });
+    if busy {
+        bail!(
+            "another tracer is writing {} now: wait for it to finish, or give another path",
+            tmp.display()
+        );
+    }
+    let meta = std::fs::symlink_metadata(tmp)?;
+    let magic_or_nothing = || {
+        let mut head = Vec::new();
+        File::open(tmp)
+            .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 8), &mut head))
+            .is_ok()
+            && super::format::MAGIC.starts_with(&head)
+    };
+    let empty = meta.file_type().is_file() && meta.len() <= HEADER_BYTES && magic_or_nothing();
+    // A tracer that has just created the file takes its lock microseconds later: a file
+    // modified in the last second may be that one.
+    let recent = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_none_or(|age| age < Duration::from_secs(1));
+    if empty && recent {
+        bail!(
+            "{} exists and is empty: another tracer may be starting to write it; if none is, \
+             remove it",
+            tmp.display()
+        );
+    }
+    if empty {
+        std::fs::remove_file(tmp)?;
+        eprintln!(
+            "tracer: removed {}, left empty by a recording that was stopped before it wrote \
+             anything",
+            tmp.display()
+        );
+        return Ok(());
+    }
+    bail!(
+        "{} exists, left by an interrupted recording: read what it holds with `tracer report \
+         {}`, then remove it",
+        tmp.display(),
+        tmp.display()
+    )
 }
 
 impl Drop for TraceWriter {

@@ -3,7 +3,10 @@
 //! what; the GPU's state while they waited on it; their MPKI against their own baseline.
 
 use super::{Cause, Primary, gpu_mechanism, ms, pct, throttle_evidence, throttled};
-use crate::{analysis::summary::Summary, recording::waits::WaitClasses};
+use crate::{
+    analysis::summary::Summary,
+    recording::{printable, waits::WaitClasses},
+};
 
 /// Run-queue contention worth naming: 10 % of the time the threads wanted a CPU. Below that,
 /// CFS on a busy machine is doing its job; above it, a request of 1 ms runs at 0.9x speed or
@@ -83,14 +86,14 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
             ns: contention_ns,
             cause: Cause {
                 cause: Primary::Scheduling,
-                mechanism: super::contention_mechanism(top),
+                mechanism: super::contention_mechanism(s, top),
                 share: 0.0,
                 evidence: format!(
                     "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {:.1} s){}",
                     pct(contention_ns / wanted, ""),
                     ms(contention_ns),
                     secs,
-                    top.map_or(String::new(), |p| format!("; {} caused {} of the waiting", p.comm, pct(p.wait_share, "")))
+                    top.map_or(String::new(), |p| format!("; {} caused {} of the waiting", printable(&p.comm), pct(p.wait_share, "")))
                 ),
                 advice: if own {
                     "Run fewer busy threads than the CPUs the server has (thread pools, OMP_NUM_THREADS).".into()
@@ -246,7 +249,8 @@ fn cache_loss(s: &Summary) -> Option<(f64, String)> {
             worst_ratio = hot_mpki / median_mpki.max(1e-3);
             worst = format!(
                 "{} ({}): {hot_mpki:.1} MPKI in its worst bins vs {median_mpki:.1} median",
-                th.comm, th.tid
+                printable(&th.comm),
+                th.tid
             );
         }
     }
@@ -270,7 +274,7 @@ pub fn bound(s: &Summary) -> Option<String> {
     let mpki = s.counters.totals.mpki;
     let busiest = s.threads.iter().max_by_key(|t| t.oncpu_ns).map(|t| {
         (
-            t.comm.clone(),
+            printable(&t.comm).into_owned(),
             t.oncpu_ns as f64 / s.duration_ns.max(1) as f64,
         )
     });

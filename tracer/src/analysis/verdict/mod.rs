@@ -10,6 +10,7 @@ mod requests;
 use serde::Serialize;
 
 use super::summary::Summary;
+use crate::recording::printable;
 
 /// The cause the verdict names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -240,12 +241,13 @@ pub(crate) fn top_preemptor(s: &Summary) -> Option<&super::summary::PreemptorPro
         .find(|p| p.tgid != 0 && !p.comm.starts_with("migration/"))
 }
 
-fn contention_mechanism(top: Option<&super::summary::PreemptorProcess>) -> String {
+fn contention_mechanism(s: &Summary, top: Option<&super::summary::PreemptorProcess>) -> String {
     match top {
         Some(p) if p.same_process => "run-queue contention among its own threads".into(),
         Some(p) => format!(
             "run-queue contention: preempted by {} (PID {})",
-            p.comm, p.tgid
+            printable(&p.comm),
+            s.shown_id(p.tgid)
         ),
         None => "run-queue contention".into(),
     }

@@ -4,7 +4,10 @@ use super::{
     Cause, Primary, contention_mechanism, gpu_advice, gpu_mechanism, ms, pct, throttle_evidence,
     throttled, top_preemptor,
 };
-use crate::analysis::{requests::RequestAnalysis, summary::Summary};
+use crate::{
+    analysis::{requests::RequestAnalysis, summary::Summary},
+    recording::printable,
+};
 
 /// Tail requests moved this many more times than median ones on average: their extra on-CPU
 /// time is put down to the moves (caches refilled on the new CPU) rather than left unexplained.
@@ -32,14 +35,14 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
     let own = top.is_some_and(|p| p.same_process);
     out.push(Cause {
         cause: Primary::Scheduling,
-        mechanism: contention_mechanism(top),
+        mechanism: contention_mechanism(s, top),
         share: share(ex.runq_contention_ns),
         evidence: format!(
             "waiting for a CPU: {}{}",
             per(tail.mean.runq_contention_ns, median.mean.runq_contention_ns),
             top.map_or(String::new(), |p| format!(
                 "; over the window {} caused {} of the target's waiting",
-                p.comm,
+                printable(&p.comm),
                 pct(p.wait_share, "")
             ))
         ),

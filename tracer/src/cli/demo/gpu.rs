@@ -22,9 +22,7 @@ static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
 
 /// Starts the script in `mode` and waits for its "ready" line (CUDA initialized, kernels warm).
 fn start(script: &PathBuf, args: &[String]) -> Result<Reaped> {
-    let mut child = Command::new("python3")
-        .arg(script)
-        .args(args)
+    let mut child = super::die_with_parent(Command::new("python3").arg(script).args(args))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()

@@ -62,11 +62,22 @@ impl Drop for Reaped {
     }
 }
 
+/// Makes a demo child die with the demo, even one that ends without unwinding (a signal after
+/// the window exits at once, signals.rs): the disturbances are CPU hogs.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
 fn spawn_self(args: &[String]) -> Result<Reaped> {
     let exe = std::env::current_exe().context("locating the tracer binary")?;
-    let child = Command::new(exe)
-        .args(args)
-        .stdin(Stdio::null())
+    let child = die_with_parent(Command::new(exe).args(args).stdin(Stdio::null()))
         .spawn()
         .with_context(|| format!("starting `tracer {}`", args.join(" ")))?;
     Ok(Reaped(child))
@@ -141,40 +152,55 @@ pub struct Outcome {
 
 pub fn run(args: DemoArgs) -> Result<()> {
     privileges::check()?;
+    args.record.check_inputs_and_outputs(false)?;
     let out = if args.scenario.gpu() {
         gpu::run(&args)?
     } else {
         run_cpu(&args)?
     };
     let summary = summarize(&out.rec);
-    if args.record.json {
+    let mut failures = super::emit::Failures::default();
+    let summary = if args.record.json {
         let report = DemoReport {
             summary,
             demo: out.part,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return super::write_outputs(&out.rec, &report.summary, &args.record.outputs);
-    }
-    print!("{}", render::text::render(&summary));
-    print_part(&out.part, &summary);
-    super::write_outputs(&out.rec, &summary, &args.record.outputs)
+        failures.keep(super::emit::stdout(&format!(
+            "{}\n",
+            render::json_terminal_safe(&serde_json::to_string_pretty(&report)?)
+        )));
+        report.summary
+    } else {
+        let text = render::text::render(&summary) + &part_text(&out.part, &summary);
+        failures.keep(super::emit::stdout(&crate::recording::terminal_safe(&text)));
+        summary
+    };
+    failures.keep(super::write_outputs(
+        &out.rec,
+        &summary,
+        &args.record.outputs,
+    ));
+    failures.into_result()
 }
 
-fn print_part(p: &DemoPart, s: &Summary) {
-    println!("\nRequest latency, as the server measured it:");
-    let line = |name: &str, s: Option<LatencyStats>| match s {
-        Some(s) => println!(
+fn part_text(p: &DemoPart, s: &Summary) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\nRequest latency, as the server measured it:\n");
+    let mut line = |name: &str, s: Option<LatencyStats>| match s {
+        Some(s) => writeln!(
+            out,
             "  {name:<26} p50 {:>9}  p99 {:>9}  max {:>9}  ({} requests)",
             dur(s.p50_ns),
             dur(s.p99_ns),
             dur(s.max_ns),
             s.requests
         ),
-        None => println!("  {name:<26} no requests completed"),
+        None => writeln!(out, "  {name:<26} no requests completed"),
     };
-    line("before the disturbance", p.latency_baseline);
-    line("during the recording", p.latency_recorded);
-    println!(
+    let _ = line("before the disturbance", p.latency_baseline);
+    let _ = line("during the recording", p.latency_recorded);
+    let _ = writeln!(
+        out,
         "\nScenario {}: expected {}{}, got {} -> {}",
         p.scenario.name(),
         p.expected_primary.name(),
@@ -184,12 +210,14 @@ fn print_part(p: &DemoPart, s: &Summary) {
         if p.correct { "correct" } else { "WRONG" }
     );
     if let Some(i) = &p.interference {
-        println!(
+        let _ = writeln!(
+            out,
             "  (the server waited mostly behind {} (PID {}), which the scenario did not start: \
              this run measured another disturbance than the injected one)",
             i.comm, i.pid
         );
     }
+    out
 }
 
 /// Twice the L2 of `cpu`, within [256 KiB, half its LLC].

@@ -122,6 +122,12 @@ impl<'a> Btf<'a> {
             .ok_or_else(|| anyhow!("BTF has no struct {name}"))
     }
 
+    /// The size in bytes of struct `id`.
+    pub fn struct_size(&self, id: u32) -> Option<u32> {
+        let (_, h) = self.header(id).ok()?;
+        (h.kind == KIND_STRUCT).then_some(h.size_or_type)
+    }
+
     /// Follows typedefs and qualifiers to the struct or union under `id`.
     fn composite(&self, mut id: u32) -> Option<u32> {
         for _ in 0..32 {
@@ -226,6 +232,8 @@ mod tests {
         assert_eq!(btf.member_offset(outer, &["ti", "cpu"]), Some(4));
         assert_eq!(btf.member_offset(outer, &["pid"]), Some(8));
         assert_eq!(btf.member_offset(outer, &["nope"]), None);
+        assert_eq!(btf.struct_size(outer), Some(12));
+        assert_eq!(btf.struct_size(3), None, "a union is not a struct");
         assert!(btf.struct_id("missing").is_err());
     }
 

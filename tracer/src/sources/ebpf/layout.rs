@@ -89,6 +89,59 @@ impl TaskOffsets {
     }
 }
 
+/// The way from a `task_struct` to its number in a PID namespace, for the namespace iterator
+/// (tracer-ebpf `pidns.rs`): `task->thread_pid->numbers[level]` is `{ nr, ns }`, and a
+/// namespace is known by `ns->ns.inum`, the inode /proc/PID/ns/pid shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidNsOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_thread_pid: u32,
+    pub pid_level: u32,
+    pub pid_numbers: u32,
+    pub upid_size: u32,
+    pub upid_nr: u32,
+    pub upid_ns: u32,
+    pub pidns_inum: u32,
+}
+
+impl PidNsOffsets {
+    pub fn from_btf_file(path: &Path) -> Result<Self> {
+        let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let btf = Btf::parse(&data).with_context(|| format!("parsing {}", path.display()))?;
+        let member = |st: &str, path: &[&str]| -> Result<u32> {
+            btf.member_offset(btf.struct_id(st)?, path)
+                .ok_or_else(|| anyhow!("struct {st} has no member {}", path.join(".")))
+        };
+        let upid = btf.struct_id("upid")?;
+        Ok(Self {
+            task_pid: member("task_struct", &["pid"])?,
+            task_tgid: member("task_struct", &["tgid"])?,
+            task_thread_pid: member("task_struct", &["thread_pid"])?,
+            pid_level: member("pid", &["level"])?,
+            pid_numbers: member("pid", &["numbers"])?,
+            upid_size: btf
+                .struct_size(upid)
+                .ok_or_else(|| anyhow!("struct upid has no size"))?,
+            upid_nr: member("upid", &["nr"])?,
+            upid_ns: member("upid", &["ns"])?,
+            pidns_inum: member("pid_namespace", &["ns", "inum"])?,
+        })
+    }
+
+    pub fn apply(&self, config: &mut Config) {
+        config.task_pid_off = self.task_pid;
+        config.task_tgid_off = self.task_tgid;
+        config.task_thread_pid_off = self.task_thread_pid;
+        config.pid_level_off = self.pid_level;
+        config.pid_numbers_off = self.pid_numbers;
+        config.upid_size = self.upid_size;
+        config.upid_nr_off = self.upid_nr;
+        config.upid_ns_off = self.upid_ns;
+        config.pidns_inum_off = self.pidns_inum;
+    }
+}
+
 /// One field of a classic tracepoint record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {

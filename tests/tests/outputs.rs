@@ -1,0 +1,537 @@
+//! What the tool writes and how it ends (RELIABILITY.md): output paths that are not regular
+//! files, the same file twice, stdout that fails, exit statuses, a file being written by another
+//! tracer, ownership through sudo, bounded counter series, the latency log checked first, and
+//! signals after the window.
+
+use std::{
+    os::unix::{ffi::OsStrExt as _, fs::FileTypeExt as _, fs::MetadataExt as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tracer_tests::{Tracer, require_root, run_tracer, serial, tracer_bin};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tracer-out-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A child killed and reaped when dropped.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sleeper() -> Kill {
+    Kill(Command::new("sleep").arg("600").spawn().unwrap())
+}
+
+/// A shell loop that never blocks: one thread on a CPU the whole time.
+fn spinner() -> Kill {
+    Kill(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn mknod(path: &Path, mode: libc::mode_t, dev: libc::dev_t) {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mknod reads the path we own.
+    assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, dev) }, 0, "mknod");
+}
+
+fn refused_before_recording(out: &tracer_tests::Finished, code: i32, needle: &str) {
+    assert_eq!(out.status.code(), Some(code), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(needle),
+        "{needle:?} not in {}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("recording PID"),
+        "refused only after recording: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+}
+
+#[test]
+fn devices_and_fifos_are_never_replaced() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("nodes");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    // A character device like /dev/null (1:3), and a FIFO.
+    let dev = dir.join("null");
+    mknod(&dev, libc::S_IFCHR | 0o666, libc::makedev(1, 3));
+    let fifo = dir.join("fifo");
+    mknod(&fifo, libc::S_IFIFO | 0o600, 0);
+    for (flag, path) in [
+        ("-o", &dev),
+        ("--html", &dev),
+        ("--perfetto", &dev),
+        ("-o", &fifo),
+        ("--html", &fifo),
+    ] {
+        let out = run_tracer(&[
+            "attach",
+            "-p",
+            &pid,
+            "-d",
+            "1s",
+            flag,
+            path.to_str().unwrap(),
+        ]);
+        let what = if path == &dev {
+            "character device"
+        } else {
+            "a FIFO"
+        };
+        refused_before_recording(&out, 1, what);
+    }
+    assert!(
+        std::fs::symlink_metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert!(!dir.join("null.tmp").exists() && !dir.join("fifo.tmp").exists());
+
+    // `report` checks its outputs before reading the trace.
+    let trace = dir.join("r.trace");
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "300ms",
+        "-q",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let out = run_tracer(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--html",
+        dev.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    assert!(
+        std::fs::symlink_metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_output_is_checked_before_attaching_and_never_given_twice() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("twice");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let x = dir.join("x");
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "1s",
+        "-o",
+        x.to_str().unwrap(),
+        "--html",
+        dir.join(".").join("x").to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 2, "name the same file");
+    assert!(!x.exists());
+    // The HTML path is checked before the recording, not after it.
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "1s",
+        "--html",
+        dir.join("no/such/dir/x.html").to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 1, "not a directory");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_exits_like_a_shell() {
+    let _guard = serial();
+    require_root();
+    let out = run_tracer(&["run", "-q", "--", "/nonexistent/command"]);
+    assert_eq!(out.status.code(), Some(127), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "no summary: {}", out.stdout);
+    assert!(
+        out.stderr.contains("cannot run /nonexistent/command"),
+        "{}",
+        out.stderr
+    );
+    let dir = scratch("run");
+    let plain = dir.join("not-executable");
+    std::fs::write(&plain, "echo hi\n").unwrap();
+    let out = run_tracer(&["run", "-q", "--", plain.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(126),
+        "not executable: {}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run_tracer(&["run", "-q", "--json", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{}", out.stderr);
+    assert!(out.json()["threads"].is_array(), "a summary is printed");
+    let out = run_tracer(&["run", "-q", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", out.stderr);
+}
+
+#[test]
+fn huge_durations_are_usage_errors_not_panics() {
+    let _guard = serial();
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    for args in [
+        ["-d", "1e300"],
+        ["--bin", "1e300"],
+        ["--gpu-interval", "1e300"],
+        ["-d", "1e19"],
+    ] {
+        let out = run_tracer(&["attach", "-p", &pid, args[0], args[1]]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    }
+}
+
+#[test]
+fn a_failing_stdout_keeps_the_files_and_fails_the_command() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("stdout");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let html = dir.join("a.html");
+    let perfetto = dir.join("a.pftrace");
+    // A full device.
+    let out = Command::new(tracer_bin())
+        .args(["attach", "-p", &pid, "-d", "300ms", "-q"])
+        .args(["--html", html.to_str().unwrap()])
+        .args(["--perfetto", perfetto.to_str().unwrap()])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(html.metadata().unwrap().len() > 0 && perfetto.metadata().unwrap().len() > 0);
+    std::fs::remove_file(&html).unwrap();
+    // A pipe whose reader has gone (`| head -0`).
+    let mut child = Command::new(tracer_bin())
+        .args(["attach", "-p", &pid, "-d", "300ms", "-q", "--json"])
+        .args(["--html", html.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("Broken pipe"), "{stderr}");
+    assert!(html.exists(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outputs_through_sudo_belong_to_the_user() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("sudo");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let trace = dir.join("r.trace");
+    let html = dir.join("r.html");
+    let out = Command::new(tracer_bin())
+        .args(["attach", "-p", &pid, "-d", "300ms", "-q"])
+        .args([
+            "-o",
+            trace.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+        ])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65533")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [&trace, &html] {
+        let m = f.metadata().unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65533), "{}", f.display());
+        assert_eq!(m.mode() & 0o777, 0o600, "{}", f.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_trace_file_being_written_is_not_called_a_leftover() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("lock");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let trace = dir.join("r.trace");
+    let tmp = dir.join("r.trace.tmp");
+    let first = Tracer::start(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "30s",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "1s",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 1, "another tracer is writing");
+    assert!(
+        !out.stderr.contains("interrupted recording"),
+        "{}",
+        out.stderr
+    );
+    first.signal(libc::SIGINT);
+    assert!(first.finish(Duration::from_secs(20)).status.success());
+    assert!(trace.exists() && !tmp.exists());
+
+    // What a tracer killed in its first moments leaves: an empty PATH.tmp. The next run
+    // removes it (it holds nothing) and says so.
+    std::fs::write(&tmp, b"").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(10);
+    std::fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "300ms",
+        "-q",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("removed"), "{}", out.stderr);
+    // A leftover that holds frames is kept, and the user is told how to read it.
+    let mut partial = std::fs::read(&trace).unwrap();
+    partial.truncate(partial.len() / 2);
+    std::fs::write(&tmp, &partial).unwrap();
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "300ms",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 1, "tracer report");
+    assert_eq!(std::fs::read(&tmp).unwrap(), partial);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Peak resident set of a finished child, from wait4.
+fn run_measured(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
+    // Reaped by wait4 below, which also gives its peak RSS (`Child::wait` would not).
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(tracer_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut out = child.stdout.unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    let mut status = 0;
+    // SAFETY: wait4 on our own child, filling locals we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut ru) }, pid);
+    use std::os::unix::process::ExitStatusExt as _;
+    (
+        std::process::ExitStatus::from_raw(status),
+        reader.join().unwrap(),
+        ru.ru_maxrss as u64 * 1024,
+    )
+}
+
+#[test]
+fn a_tiny_counter_bin_is_widened_not_allowed_to_exhaust_memory() {
+    let _guard = serial();
+    require_root();
+    let target = spinner();
+    let pid = target.0.id().to_string();
+    let (status, stdout, rss) = run_measured(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "2s",
+        "-q",
+        "--json",
+        "--counters",
+        "software",
+        "--bin",
+        "1ns",
+    ]);
+    assert!(status.success());
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let c = &doc["counters"];
+    assert_eq!(c["bins_widened_from_ns"], 1, "{c}");
+    let bin = c["bin_ns"].as_u64().unwrap();
+    assert!(bin >= 2_000_000_000 / 10_000, "bin {bin}");
+    assert!(c["series"].as_array().unwrap().len() <= 10_000);
+    // Measured 40-50 MB; before, `--bin 1us` alone reached 680 MB.
+    assert!(rss < 200 << 20, "peak RSS {rss}");
+}
+
+#[test]
+fn the_latency_log_is_checked_first_and_a_bad_one_keeps_the_summary() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("latencies");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let fifo = dir.join("fifo");
+    mknod(&fifo, libc::S_IFIFO | 0o600, 0);
+    for (path, needle) in [
+        (fifo.as_path(), "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (&dir.join("missing.jsonl"), "missing.jsonl"),
+    ] {
+        let started = Instant::now();
+        let out = run_tracer(&[
+            "attach",
+            "-p",
+            &pid,
+            "-d",
+            "5s",
+            "--latencies",
+            path.to_str().unwrap(),
+        ]);
+        refused_before_recording(&out, 1, needle);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "it recorded first"
+        );
+    }
+    // A log that is malformed by the time the window ends: the summary is still printed, and
+    // the error names the line.
+    let log = dir.join("lat.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let tracer = Tracer::start(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "1s",
+        "--json",
+        "--latencies",
+        log.to_str().unwrap(),
+    ]);
+    std::fs::write(
+        &log,
+        "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 3}\nnot json\n",
+    )
+    .unwrap();
+    let out = tracer.finish(Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("line 2"), "{}", out.stderr);
+    assert!(out.json()["threads"].is_array(), "the summary is printed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_signal_after_the_window_ends_the_tool_at_once() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("late-signal");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let trace = dir.join("r.trace");
+    // A latency log of a million lines takes the tool a while to read and decompose after
+    // the window: the signal lands in that time.
+    let log = dir.join("lat.jsonl");
+    let line = "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 1}\n";
+    std::fs::write(&log, line.repeat(3_000_000)).unwrap();
+    let tracer = Tracer::start(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "500ms",
+        "-o",
+        trace.to_str().unwrap(),
+        "--latencies",
+        log.to_str().unwrap(),
+    ]);
+    // Once the trace is complete, the tool is in its post-processing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !trace.exists() {
+        assert!(Instant::now() < deadline, "the trace was never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sent = Instant::now();
+    tracer.signal(libc::SIGTERM);
+    let out = tracer.finish(Duration::from_secs(20));
+    assert!(
+        sent.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(143), "{}", out.stderr);
+    assert!(out.stderr.contains("is complete"), "{}", out.stderr);
+    let report = run_tracer(&["report", trace.to_str().unwrap(), "--json"]);
+    assert!(report.status.success(), "{}", report.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}

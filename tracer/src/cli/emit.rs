@@ -1,0 +1,158 @@
+//! The end of every command that has a recording: the latency log joined in, the summary on
+//! stdout, the HTML and Perfetto files. Every output is attempted even when another failed (a
+//! closed stdout must not cost the files, nor a bad latency log the summary), and the command
+//! then fails with what went wrong.
+
+use std::{
+    io::{Read as _, Write as _},
+    path::Path,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::OutputArgs;
+use crate::{
+    analysis::summary::{Summary, summarize},
+    recording::{Recording, requests::parse_latency_log},
+    render,
+};
+
+/// A latency log larger than this is refused: a million requests take about 70 MB.
+const MAX_LATENCY_LOG: u64 = 1 << 30;
+
+/// Checks, before anything is recorded, that a latency log can be read when the recording
+/// ends: a regular file (a FIFO would block the tool, a device could be endless), or for `run`
+/// one the command has yet to create, in a directory that exists.
+pub fn check_latency_log(path: &Path, may_not_exist: bool) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => std::fs::File::open(path)
+            .map(drop)
+            .with_context(|| format!("the latency log {} cannot be read", path.display())),
+        Ok(_) => bail!(
+            "the latency log {} is not a regular file: give the file the server writes its \
+             request latencies to",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && may_not_exist => {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            match dir {
+                Some(d) if !d.is_dir() => {
+                    bail!("the latency log's directory {} does not exist", d.display())
+                }
+                _ => Ok(()),
+            }
+        }
+        Err(e) => Err(e).with_context(|| format!("the latency log {}", path.display())),
+    }
+}
+
+/// Reads the latency log into the recording's requests.
+pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
+    check_latency_log(path, false)?;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_LATENCY_LOG + 1).read_to_string(&mut text))
+        .with_context(|| format!("reading the latency log {}", path.display()))?;
+    if text.len() as u64 > MAX_LATENCY_LOG {
+        bail!(
+            "the latency log {} is larger than {} GiB: give a log of the recorded window only",
+            path.display(),
+            MAX_LATENCY_LOG >> 30
+        );
+    }
+    let set = parse_latency_log(
+        &text,
+        rec.host.realtime_minus_monotonic_ns,
+        (rec.start_ns, rec.end_ns),
+    )
+    .with_context(|| format!("{}", path.display()))?;
+    rec.requests = Some(set);
+    Ok(())
+}
+
+/// Writes to stdout, reporting a closed or full stdout as an error instead of panicking.
+pub fn stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing the summary to standard output")
+}
+
+/// Errors of several outputs, reported together once every output was tried.
+#[derive(Default)]
+pub struct Failures(Vec<anyhow::Error>);
+
+impl Failures {
+    pub fn keep(&mut self, r: Result<()>) {
+        if let Err(e) = r {
+            self.0.push(e);
+        }
+    }
+
+    pub fn into_result(self) -> Result<()> {
+        let mut it = self.0.into_iter();
+        let Some(first) = it.next() else {
+            return Ok(());
+        };
+        let rest: Vec<String> = it.map(|e| format!("{e:#}")).collect();
+        if rest.is_empty() {
+            return Err(first);
+        }
+        Err(anyhow::anyhow!("{first:#}; and {}", rest.join("; ")))
+    }
+}
+
+/// Joins the latency log in (if any), prints the recording (text or JSON) and writes the
+/// files `outputs` asks for.
+pub fn print_recording(
+    rec: &mut Recording,
+    json: bool,
+    outputs: &OutputArgs,
+    latencies: Option<&Path>,
+) -> Result<()> {
+    let mut failures = Failures::default();
+    if let Some(path) = latencies {
+        let loaded = load_latencies(rec, path);
+        if loaded.is_err() {
+            eprintln!(
+                "tracer: the latency log could not be used: the summary below has no request \
+                 verdict"
+            );
+        }
+        failures.keep(loaded);
+    }
+    let summary = summarize(rec);
+    let text = if json {
+        format!("{}\n", render::json(&summary))
+    } else {
+        crate::recording::terminal_safe(&render::text::render(&summary)).into_owned()
+    };
+    failures.keep(stdout(&text));
+    failures.keep(write_outputs(rec, &summary, outputs));
+    if let Some(e) = &rec.output_error {
+        failures.keep(Err(anyhow::anyhow!("{e}")));
+    }
+    failures.into_result()
+}
+
+/// Writes the Perfetto and HTML files `outputs` asks for; a file that fails does not stop the
+/// other.
+pub fn write_outputs(rec: &Recording, summary: &Summary, outputs: &OutputArgs) -> Result<()> {
+    let mut failures = Failures::default();
+    if let Some(path) = &outputs.perfetto {
+        failures.keep(write_output(path, &render::perfetto::render(rec)));
+    }
+    if let Some(path) = &outputs.html {
+        failures.keep(write_output(
+            path,
+            render::html::render(rec, summary).as_bytes(),
+        ));
+    }
+    failures.into_result()
+}
+
+fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::trace::writer::write_atomic(path, bytes)?;
+    eprintln!("tracer: wrote {}", path.display());
+    Ok(())
+}
