@@ -4,8 +4,11 @@
 //! one.
 
 pub mod format;
+pub mod frames;
 pub mod reader;
 pub mod recover;
+#[cfg(test)]
+mod testfile;
 pub mod writer;
 
 use serde::{Deserialize, Serialize};

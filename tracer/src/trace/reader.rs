@@ -2,11 +2,12 @@
 
 use std::{fs::File, io::BufReader, path::Path};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, bail};
 
 use super::{
     TraceMeta,
-    format::{Damage, FrameKind, read_frames, read_header},
+    format::{Damage, FrameKind, read_header},
+    frames::{Frame, FrameReader},
 };
 use crate::{
     recording::{Recording, gpu::GpuPoll},
@@ -30,8 +31,11 @@ pub struct TraceContents {
     pub complete: bool,
 }
 
-fn decode<T: serde::de::DeserializeOwned>(what: &str, payload: &[u8]) -> Result<T> {
-    ciborium::from_reader(payload).map_err(|e| anyhow!("the {what} frame does not decode: {e}"))
+fn decode<T: serde::de::DeserializeOwned>(f: &Frame) -> Result<T, Damage> {
+    ciborium::from_reader(&f.payload[..]).map_err(|e| Damage::Corrupt {
+        offset: f.offset,
+        why: format!("the {} frame does not decode: {e}", f.kind.name()),
+    })
 }
 
 pub fn read(path: &Path) -> Result<TraceContents> {
@@ -43,7 +47,7 @@ pub fn read(path: &Path) -> Result<TraceContents> {
 /// above, and the fuzzer's bytes.
 pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents> {
     let version = read_header(&mut r).with_context(|| name.to_string())?;
-    let (frames, damage) = read_frames(&mut r, 16);
+    let mut frames = FrameReader::new(r, version);
     let mut meta = None;
     let mut out = TraceContents {
         meta: placeholder_meta(),
@@ -51,24 +55,11 @@ pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents>
         gpu: Vec::new(),
         cgroup: Vec::new(),
         final_recording: None,
-        damage,
+        damage: None,
         version,
         complete: false,
     };
-    for f in frames {
-        match f.kind {
-            FrameKind::Meta => meta = Some(decode::<TraceMeta>("metadata", &f.payload)?),
-            FrameKind::Records => out.records.extend_from_slice(&f.payload),
-            FrameKind::Gpu => out.gpu.extend(decode::<Vec<GpuPoll>>("GPU", &f.payload)?),
-            FrameKind::Cgroup => out
-                .cgroup
-                .extend(decode::<Vec<CgroupSample>>("cgroup", &f.payload)?),
-            FrameKind::Final => {
-                out.final_recording = Some(decode::<Recording>("final", &f.payload)?)
-            }
-            FrameKind::End => out.complete = true,
-        }
-    }
+    out.damage = read_frames(&mut frames, &mut out, &mut meta).err();
     let Some(meta) = meta else {
         let why = out
             .damage
@@ -77,6 +68,31 @@ pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents>
     };
     out.meta = meta;
     Ok(out)
+}
+
+/// Takes every frame into `out` (the metadata into `meta`) until the end or the first damage.
+fn read_frames(
+    frames: &mut FrameReader<impl std::io::Read>,
+    out: &mut TraceContents,
+    meta: &mut Option<TraceMeta>,
+) -> Result<(), Damage> {
+    while let Some(f) = frames.next_frame()? {
+        match f.kind {
+            FrameKind::Meta => *meta = Some(decode(&f)?),
+            FrameKind::Records => out.records.extend_from_slice(&f.payload),
+            FrameKind::Gpu => out.gpu.extend(decode::<Vec<GpuPoll>>(&f)?),
+            FrameKind::Cgroup => out.cgroup.extend(decode::<Vec<CgroupSample>>(&f)?),
+            FrameKind::Final => out.final_recording = Some(decode(&f)?),
+            FrameKind::End if !f.payload.is_empty() => {
+                return Err(Damage::Corrupt {
+                    offset: f.offset,
+                    why: "the end frame is not empty".into(),
+                });
+            }
+            FrameKind::End => out.complete = true,
+        }
+    }
+    Ok(())
 }
 
 fn placeholder_meta() -> TraceMeta {
@@ -93,5 +109,57 @@ fn placeholder_meta() -> TraceMeta {
         bin_ns: 0,
         counter_mask: 0,
         threads: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::testfile::{SEED, file, seed_payload};
+
+    /// The cgroup samples in the seed's one cgroup frame.
+    const SEED_SAMPLES: usize = 4;
+
+    fn read_bytes(v: &[u8]) -> Result<TraceContents> {
+        read_from(v, "test")
+    }
+
+    /// The seed's frames in the current layout, `extra` inserted before the final frame.
+    fn trace(extra: &[(FrameKind, &[u8], bool)], finished: bool) -> Vec<u8> {
+        let (meta, cgroup, fin) = (
+            seed_payload(FrameKind::Meta),
+            seed_payload(FrameKind::Cgroup),
+            seed_payload(FrameKind::Final),
+        );
+        let mut frames = vec![(FrameKind::Meta, &meta[..], false)];
+        frames.push((FrameKind::Cgroup, &cgroup[..], false));
+        frames.extend_from_slice(extra);
+        if finished {
+            frames.extend([
+                (FrameKind::Final, &fin[..], true),
+                (FrameKind::End, &[][..], false),
+            ]);
+        }
+        file(&frames)
+    }
+
+    #[test]
+    fn a_complete_file_reads_in_either_version() {
+        for v in [SEED.to_vec(), trace(&[], true)] {
+            let c = read_bytes(&v).unwrap();
+            assert!(c.complete && c.final_recording.is_some() && c.damage.is_none());
+            assert_eq!(c.cgroup.len(), SEED_SAMPLES);
+        }
+        assert_eq!(read_bytes(SEED).unwrap().version, 1);
+    }
+
+    #[test]
+    fn a_frame_that_does_not_decode_is_damage_not_a_failure() {
+        let c = read_bytes(&trace(&[(FrameKind::Gpu, b"\xff\xff", false)], true)).unwrap();
+        match c.damage {
+            Some(Damage::Corrupt { why, .. }) => assert!(why.contains("GPU frame"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(c.cgroup.len(), SEED_SAMPLES);
     }
 }

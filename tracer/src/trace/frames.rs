@@ -1,0 +1,284 @@
+//! Reading frames back, one at a time: the header checked (from version 3 the checksum covers
+//! every header byte), the payload grown as its bytes arrive, and decompressed to exactly the
+//! length the header says.
+
+use std::io::{self, Read};
+
+use super::format::{
+    Damage, FILE_HEADER, FLAG_ZSTD, FrameKind, MAX_FRAME, frame_crc, frame_header_len, read_full,
+};
+
+/// One frame read back.
+#[derive(Debug)]
+pub struct Frame {
+    pub kind: FrameKind,
+    /// Where its header starts in the file.
+    pub offset: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A frame header, in either layout.
+struct Header {
+    kind: u8,
+    flags: u8,
+    reserved: u16,
+    len: u32,
+    /// The decompressed length (version 3).
+    raw_len: Option<u32>,
+    crc: u32,
+}
+
+impl Header {
+    fn parse(h: &[u8], version: u32) -> Self {
+        let word = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        let v3 = version >= 3;
+        Self {
+            kind: h[0],
+            flags: h[1],
+            reserved: u16::from_le_bytes([h[2], h[3]]),
+            len: word(4),
+            raw_len: v3.then(|| word(8)),
+            crc: word(if v3 { 12 } else { 8 }),
+        }
+    }
+
+    /// The kind, if every field is one a tracer writes. Checked after the checksum, so that a
+    /// damaged version-3 header is reported as such.
+    fn check(&self) -> Result<FrameKind, String> {
+        let kind = FrameKind::try_from(self.kind).map_err(|k| format!("unknown frame kind {k}"))?;
+        if self.flags & !FLAG_ZSTD != 0 {
+            return Err(format!("unknown frame flags {:#04x}", self.flags));
+        }
+        if self.reserved != 0 {
+            return Err(format!(
+                "reserved header bytes are {:#06x}, not 0",
+                self.reserved
+            ));
+        }
+        match self.raw_len {
+            Some(raw) if raw > MAX_FRAME => {
+                Err(format!("decompressed length {raw} over the limit"))
+            }
+            Some(raw) if self.flags & FLAG_ZSTD == 0 && raw != self.len => Err(format!(
+                "uncompressed, but its lengths differ ({} stored, {raw} raw)",
+                self.len
+            )),
+            _ => Ok(kind),
+        }
+    }
+}
+
+/// The frames of one file, read in order.
+pub struct FrameReader<R> {
+    r: R,
+    version: u32,
+    /// Where the next frame starts.
+    offset: u64,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// `r` is just past the file header.
+    pub fn new(r: R, version: u32) -> Self {
+        Self {
+            r,
+            version,
+            offset: FILE_HEADER,
+        }
+    }
+
+    /// The next frame; `Ok(None)` at the end of the file. After an `Err` (the first damage)
+    /// the reader must not be used again.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, Damage> {
+        let offset = self.offset;
+        let corrupt = |why: String| Damage::Corrupt { offset, why };
+        let hlen = frame_header_len(self.version);
+        let mut h = [0u8; 16];
+        let got = read_full(&mut self.r, &mut h[..hlen]).map_err(|e| corrupt(e.to_string()))?;
+        if got == 0 {
+            return Ok(None);
+        }
+        if got < hlen {
+            return Err(Damage::Truncated { offset });
+        }
+        let header = Header::parse(&h[..hlen], self.version);
+        if header.len > MAX_FRAME {
+            return Err(corrupt(format!(
+                "frame length {} over the limit",
+                header.len
+            )));
+        }
+        // Grown as the bytes arrive, not allocated from the header's word: a damaged length
+        // costs no more memory than the file has.
+        let mut body = Vec::new();
+        match (&mut self.r)
+            .take(u64::from(header.len))
+            .read_to_end(&mut body)
+        {
+            Ok(n) if n == header.len as usize => {}
+            Ok(_) => return Err(Damage::Truncated { offset }),
+            Err(e) => return Err(corrupt(e.to_string())),
+        }
+        let crc = match header.raw_len {
+            Some(_) => frame_crc(&h, &body),
+            None => crc32fast::hash(&body),
+        };
+        if crc != header.crc {
+            return Err(corrupt("checksum mismatch".into()));
+        }
+        let kind = header.check().map_err(corrupt)?;
+        let payload = self.payload(&header, body)?;
+        self.offset += (hlen + header.len as usize) as u64;
+        Ok(Some(Frame {
+            kind,
+            offset,
+            payload,
+        }))
+    }
+
+    /// A checked frame's payload, decompressed.
+    fn payload(&self, h: &Header, body: Vec<u8>) -> Result<Vec<u8>, Damage> {
+        if h.flags & FLAG_ZSTD == 0 {
+            return Ok(body);
+        }
+        let offset = self.offset;
+        let corrupt = |why: String| Damage::Corrupt { offset, why };
+        // Versions 1 and 2 do not say: only the frame limit.
+        let cap = h.raw_len.map_or(u64::from(MAX_FRAME), u64::from);
+        let out = decompress(&body, cap).map_err(|e| corrupt(format!("bad compression: {e}")))?;
+        let got = out.len() as u64;
+        match h.raw_len {
+            Some(raw) if got != u64::from(raw) => Err(corrupt(if got > cap {
+                format!("decompresses to more than the {raw} bytes its header says")
+            } else {
+                format!("decompresses to {got} bytes, not the {raw} its header says")
+            })),
+            None if got > cap => Err(corrupt("decompresses past the frame limit".into())),
+            _ => Ok(out),
+        }
+    }
+}
+
+/// A zstd payload, at most `cap` bytes of it and one more (to tell that there is more), grown
+/// as it decompresses: `zstd::bulk::decompress` would reserve its whole bound up front for
+/// every frame (the fuzzer found that).
+fn decompress(body: &[u8], cap: u64) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let d = zstd::stream::read::Decoder::with_buffer(body)?;
+    d.take(cap + 1).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::testfile::{file, file_header, old_frame, raw_frame, read_all};
+
+    #[test]
+    fn frames_round_trip_compressed_or_not() {
+        let big = vec![7u8; 100_000];
+        let v = file(&[
+            (FrameKind::Meta, b"meta", false),
+            (FrameKind::Records, &big, true),
+        ]);
+        let (frames, damage) = read_all(&v);
+        assert_eq!(damage, None);
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].payload, b"meta");
+        assert_eq!((frames[1].offset, &frames[1].payload), (16 + 16 + 4, &big));
+        // Compression did its job on a repetitive payload.
+        assert!(v.len() < 1_000, "{}", v.len());
+    }
+
+    #[test]
+    fn truncation_and_corruption_keep_the_good_frames() {
+        let v = file(&[
+            (FrameKind::Meta, b"meta", false),
+            (FrameKind::Records, b"0123456789", false),
+        ]);
+        let second = 16 + 16 + 4;
+        // Cut inside the second frame.
+        let (frames, damage) = read_all(&v[..v.len() - 3]);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(damage, Some(Damage::Truncated { offset: second }));
+        // Flip a payload byte of the second frame.
+        let mut bad = v.clone();
+        *bad.last_mut().unwrap() ^= 0xff;
+        let (frames, damage) = read_all(&bad);
+        assert_eq!(frames.len(), 1);
+        assert!(matches!(damage, Some(Damage::Corrupt { why, .. }) if why.contains("checksum")));
+        // A length beyond the limit is refused before any allocation.
+        let mut huge = v.clone();
+        huge[16 + 4..16 + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (frames, damage) = read_all(&huge);
+        assert!(frames.is_empty());
+        assert!(matches!(damage, Some(Damage::Corrupt { why, .. }) if why.contains("limit")));
+    }
+
+    /// Issue 13 (16): a flipped kind or flags byte was outside the checksum, and the frame was
+    /// read as something else.
+    #[test]
+    fn every_header_byte_is_inside_the_checksum() {
+        let payload = zstd::bulk::compress(&[5u8; 4096], 1).unwrap();
+        let v = file(&[
+            (FrameKind::Meta, b"meta", false),
+            (FrameKind::Records, &[5u8; 4096], true),
+        ]);
+        let second = 16 + 16 + 4;
+        assert_eq!(v.len(), second + 16 + payload.len());
+        for byte in second..second + 16 {
+            for bit in 0..8 {
+                let mut bad = v.clone();
+                bad[byte] ^= 1 << bit;
+                let (frames, damage) = read_all(&bad);
+                assert_eq!(frames.len(), 1, "byte {byte} bit {bit}");
+                let offset = match damage {
+                    Some(Damage::Corrupt { offset, .. } | Damage::Truncated { offset }) => offset,
+                    other => panic!("byte {byte} bit {bit}: {other:?}"),
+                };
+                assert_eq!(offset, second as u64, "byte {byte} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn fields_a_tracer_never_writes_are_refused() {
+        let mut v = file_header(3);
+        v.extend(raw_frame(1, 0, b"meta", 4));
+        let ok = v.len();
+        let why = |frame: Vec<u8>| {
+            let mut f = v.clone();
+            f.extend(frame);
+            match read_all(&f) {
+                (frames, Some(Damage::Corrupt { offset, why })) if frames.len() == 1 => {
+                    assert_eq!(offset, ok as u64);
+                    why
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(why(raw_frame(9, 0, b"x", 1)).contains("unknown frame kind 9"));
+        assert!(why(raw_frame(2, 2, b"x", 1)).contains("unknown frame flags"));
+        assert!(why(raw_frame(2, 0, b"x", 2)).contains("lengths differ"));
+        let mut reserved = raw_frame(2, 0, b"x", 1);
+        reserved[3] = 1;
+        let crc = crate::trace::format::frame_crc(&reserved, b"x");
+        reserved[12..16].copy_from_slice(&crc.to_le_bytes());
+        assert!(why(reserved).contains("reserved"));
+        // The decompressed length is checked against what decompression gives, both ways.
+        let z = zstd::bulk::compress(&[1u8; 1000], 1).unwrap();
+        assert!(why(raw_frame(2, FLAG_ZSTD, &z, 10)).contains("more than the 10 bytes"));
+        assert!(why(raw_frame(2, FLAG_ZSTD, &z, 2000)).contains("1000 bytes, not the 2000"));
+    }
+
+    #[test]
+    fn version_2_frames_still_read() {
+        let mut v = file_header(2);
+        v.extend(old_frame(FrameKind::Meta, b"meta", false));
+        let z = zstd::bulk::compress(&[3u8; 5000], 1).unwrap();
+        v.extend(old_frame(FrameKind::Records, &z, true));
+        let (frames, damage) = read_all(&v);
+        assert_eq!(damage, None);
+        assert_eq!(frames[1].offset, 16 + 12 + 4);
+        assert_eq!(frames[1].payload, [3u8; 5000]);
+    }
+}
