@@ -1,12 +1,13 @@
-//! Frame-level damage in real traces: a flipped header byte (issue 13, item 16) is refused at
-//! its frame's byte offset, with what precedes it recovered.
+//! Frame-level damage in real traces: a flipped header byte, a decompression bomb (issue 13,
+//! items 16 and 10). Each is refused at its byte offset, with what precedes it recovered.
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use tracer_tests::{Finished, Testload, Tracer, require_root, run_tracer, serial};
+use tracer_tests::{Finished, Testload, Tracer, require_root, run_tracer, serial, tracer_bin};
 
 use super::{bytes, scratch};
 
@@ -70,6 +71,100 @@ fn every_byte_of_a_frame_header_is_checked() {
             "{what}"
         );
         assert_eq!(out.json()["end_reason"], "unfinished", "{what}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The file of issue 13 (10) in the header layout of `version`: the fuzzer seed's metadata
+/// frame, then 40 zstd frames of 256 MiB of zeros, about 330 KB in all. Returns it and where
+/// its first zstd frame starts.
+fn bomb(version: u32) -> (Vec<u8>, usize) {
+    let seed_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/sleeper.trace");
+    let seed = std::fs::read(seed_path).unwrap();
+    let meta = bytes::frames(&seed)[0];
+    assert_eq!(meta.kind, 1);
+    let hlen = bytes::header_len(bytes::version(&seed));
+    let payload = &seed[meta.offset + hlen..meta.offset + meta.len];
+    let mut v = seed[..bytes::FILE_HEADER].to_vec();
+    v[8..12].copy_from_slice(&version.to_le_bytes());
+    v.extend(bytes::frame(
+        version,
+        1,
+        false,
+        payload,
+        payload.len() as u32,
+    ));
+    let first = v.len();
+    let zeros = bytes::zstd_zeros(256 << 20);
+    for _ in 0..40 {
+        v.extend(bytes::frame(version, 2, true, &zeros, 256 << 20));
+    }
+    (v, first)
+}
+
+/// Runs `tracer report FILE`; returns its exit code, its stderr and its peak RSS in bytes
+/// (wait4's rusage of the child). Its address space is capped at 4 GiB so that a reader
+/// without a bound fails rather than take the machine's memory (the bomb holds 10 GiB).
+fn report_peak_rss(path: &Path) -> (Option<i32>, String, u64) {
+    use std::os::unix::process::CommandExt;
+    let err = path.with_extension("stderr");
+    let mut cmd = Command::new(tracer_bin());
+    cmd.arg("report")
+        .arg(path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap());
+    // SAFETY: setrlimit is async-signal-safe, and this closure only calls it.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit {
+                rlim_cur: 4 << 30,
+                rlim_max: 4 << 30,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &cap) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    // Waited for by wait4 below, which gives its rusage too.
+    let pid = cmd.spawn().expect("run tracer").id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data, filled in by wait4.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child, not yet waited for; the pointers are to live locals.
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    // ru_maxrss is in KiB on Linux.
+    let rss = usage.ru_maxrss as u64 * 1024;
+    (code, std::fs::read_to_string(&err).unwrap(), rss)
+}
+
+/// Issue 13 (10): `report` of a 331 KB trace of 40 zstd frames of 256 MiB of zeros used more
+/// than 6 GB. Refused in both header layouts (version 3 declares the decompressed length,
+/// version 2 is stopped while decompressing), saying why, in little memory.
+#[test]
+fn a_decompression_bomb_is_refused_in_bounded_memory() {
+    let _guard = serial();
+    let dir = scratch("bomb");
+    for version in [2, 3] {
+        let (file, first) = bomb(version);
+        assert!(file.len() < 340_000, "{}", file.len());
+        let path = dir.join(format!("bomb-v{version}.trace"));
+        std::fs::write(&path, &file).unwrap();
+        let (code, stderr, rss) = report_peak_rss(&path);
+        eprintln!("version {version}: peak RSS {} MiB", rss >> 20);
+        assert!(
+            rss < 300 << 20,
+            "version {version}: peak RSS {} MiB; {stderr}",
+            rss >> 20
+        );
+        assert_eq!(code, Some(1), "version {version}: {stderr}");
+        for says in [
+            &format!("frame at byte {first}: the trace would decompress to more than")[..],
+            "not written by tracer, or is damaged",
+        ] {
+            assert!(stderr.contains(says), "version {version}: {stderr}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -36,6 +36,15 @@ pub const FILE_HEADER: u64 = 16;
 pub const FORMAT_VERSION: u32 = 3;
 /// No frame is larger: a corrupted length must not make a reader allocate gigabytes.
 pub const MAX_FRAME: u32 = 256 << 20;
+/// A file decompresses to at most `MAX_EXPANSION` times its size plus `EXPANSION_SLACK`; a
+/// reader refuses more, so that a small file cannot make it use gigabytes (zstd turns 8 KiB
+/// into 256 MiB of zeros). Measured on traces from this tracer (docs/TRACE-FILE.md): whole
+/// files expand 1.7× (idle) to 7.3× (busy, counters), 11.6× with 1000 idle threads; the most
+/// compressible frame seen was that file's final frame, 105×; GPU polls of 8 idle GPUs, 25×.
+pub const MAX_EXPANSION: u64 = 256;
+/// For small files, where a single well-compressed final frame dominates.
+pub const EXPANSION_SLACK: u64 = 16 << 20;
+
 pub const FLAG_ZSTD: u8 = 1;
 
 /// A frame header's length in a file of `version`.
@@ -186,6 +195,9 @@ pub enum Damage {
     Truncated { offset: u64 },
     /// A frame's checksum, kind, flags, length or compression is wrong.
     Corrupt { offset: u64, why: String },
+    /// Decompressing the frame at `offset` would take the file past its bound (`limit` bytes,
+    /// from the file's `size`).
+    TooLarge { offset: u64, limit: u64, size: u64 },
 }
 
 impl std::fmt::Display for Damage {
@@ -193,6 +205,18 @@ impl std::fmt::Display for Damage {
         match self {
             Self::Truncated { offset } => write!(f, "the file is cut short at byte {offset}"),
             Self::Corrupt { offset, why } => write!(f, "corrupt frame at byte {offset}: {why}"),
+            Self::TooLarge {
+                offset,
+                limit,
+                size,
+            } => write!(
+                f,
+                "frame at byte {offset}: the trace would decompress to more than {MAX_EXPANSION}× \
+                 its size plus {} MiB ({} MiB for this file of {size} bytes); it was not written \
+                 by tracer, or is damaged",
+                EXPANSION_SLACK >> 20,
+                limit >> 20,
+            ),
         }
     }
 }

@@ -1,12 +1,18 @@
 //! Reading frames back, one at a time: the header checked (from version 3 the checksum covers
-//! every header byte), the payload grown as its bytes arrive, and decompressed to exactly the
-//! length the header says.
+//! every header byte), the payload grown as its bytes arrive, and decompressed only within the
+//! bound that the file's size sets (`MAX_EXPANSION`).
 
 use std::io::{self, Read};
 
 use super::format::{
-    Damage, FILE_HEADER, FLAG_ZSTD, FrameKind, MAX_FRAME, frame_crc, frame_header_len, read_full,
+    Damage, EXPANSION_SLACK, FILE_HEADER, FLAG_ZSTD, FrameKind, MAX_EXPANSION, MAX_FRAME,
+    frame_crc, frame_header_len, read_full,
 };
+
+/// zstd's window for the frames a tracer writes: level 1 uses at most 2^19 bytes, level 3
+/// (files before level 1) 2^21. Capping it keeps a crafted frame from making the decoder
+/// allocate and fill a 128 MiB window (zstd's default cap, 2^27).
+const WINDOW_LOG_MAX: u32 = 23;
 
 /// One frame read back.
 #[derive(Debug)]
@@ -74,16 +80,31 @@ pub struct FrameReader<R> {
     version: u32,
     /// Where the next frame starts.
     offset: u64,
+    /// The file's length when it was opened.
+    size: u64,
+    /// The payloads handed out so far, decompressed.
+    total: u64,
 }
 
 impl<R: Read> FrameReader<R> {
-    /// `r` is just past the file header.
-    pub fn new(r: R, version: u32) -> Self {
+    /// `r` is just past the file header; `size` is the file's length, which bounds what it
+    /// may decompress to.
+    pub fn new(r: R, version: u32, size: u64) -> Self {
         Self {
             r,
             version,
             offset: FILE_HEADER,
+            size,
+            total: 0,
         }
+    }
+
+    /// The most all payloads may decompress to: from the file's size, or from what has been
+    /// read when that is more (a file still being written grows while it is read).
+    pub fn limit(&self) -> u64 {
+        MAX_EXPANSION
+            .saturating_mul(self.size.max(self.offset))
+            .saturating_add(EXPANSION_SLACK)
     }
 
     /// The next frame; `Ok(None)` at the end of the file. After an `Err` (the first damage)
@@ -127,6 +148,7 @@ impl<R: Read> FrameReader<R> {
         }
         let kind = header.check().map_err(corrupt)?;
         let payload = self.payload(&header, body)?;
+        self.total += payload.len() as u64;
         self.offset += (hlen + header.len as usize) as u64;
         Ok(Some(Frame {
             kind,
@@ -135,15 +157,27 @@ impl<R: Read> FrameReader<R> {
         }))
     }
 
-    /// A checked frame's payload, decompressed.
+    /// A checked frame's payload, decompressed within what is left of the bound.
     fn payload(&self, h: &Header, body: Vec<u8>) -> Result<Vec<u8>, Damage> {
         if h.flags & FLAG_ZSTD == 0 {
+            // Stored as is: no larger than the file, so within the bound.
             return Ok(body);
         }
         let offset = self.offset;
         let corrupt = |why: String| Damage::Corrupt { offset, why };
-        // Versions 1 and 2 do not say: only the frame limit.
-        let cap = h.raw_len.map_or(u64::from(MAX_FRAME), u64::from);
+        let too_large = Damage::TooLarge {
+            offset,
+            limit: self.limit(),
+            size: self.size,
+        };
+        let left = self.limit().saturating_sub(self.total);
+        let cap = match h.raw_len {
+            // Refused before decompressing anything.
+            Some(raw) if u64::from(raw) > left => return Err(too_large),
+            Some(raw) => u64::from(raw),
+            // Versions 1 and 2 do not say: the same bound, applied while decompressing.
+            None => left.min(u64::from(MAX_FRAME)),
+        };
         let out = decompress(&body, cap).map_err(|e| corrupt(format!("bad compression: {e}")))?;
         let got = out.len() as u64;
         match h.raw_len {
@@ -152,7 +186,10 @@ impl<R: Read> FrameReader<R> {
             } else {
                 format!("decompresses to {got} bytes, not the {raw} its header says")
             })),
-            None if got > cap => Err(corrupt("decompresses past the frame limit".into())),
+            None if got > cap && cap < left => {
+                Err(corrupt("decompresses past the frame limit".into()))
+            }
+            None if got > cap => Err(too_large),
             _ => Ok(out),
         }
     }
@@ -163,7 +200,8 @@ impl<R: Read> FrameReader<R> {
 /// every frame (the fuzzer found that).
 fn decompress(body: &[u8], cap: u64) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
-    let d = zstd::stream::read::Decoder::with_buffer(body)?;
+    let mut d = zstd::stream::read::Decoder::with_buffer(body)?;
+    d.window_log_max(WINDOW_LOG_MAX)?;
     d.take(cap + 1).read_to_end(&mut out)?;
     Ok(out)
 }
@@ -280,5 +318,72 @@ mod tests {
         assert_eq!(damage, None);
         assert_eq!(frames[1].offset, 16 + 12 + 4);
         assert_eq!(frames[1].payload, [3u8; 5000]);
+    }
+
+    /// A frame asking for a larger zstd window than a tracer uses is refused, not given one.
+    #[test]
+    fn a_large_zstd_window_is_refused() {
+        use std::io::Write as _;
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        enc.set_parameter(zstd::stream::raw::CParameter::WindowLog(WINDOW_LOG_MAX + 1))
+            .unwrap();
+        enc.write_all(&[9u8; 1000]).unwrap();
+        let z = enc.finish().unwrap();
+        let mut v = file_header(3);
+        v.extend(raw_frame(2, FLAG_ZSTD, &z, 1000));
+        let (_, damage) = read_all(&v);
+        assert!(
+            matches!(&damage, Some(Damage::Corrupt { why, .. }) if why.contains("bad compression")),
+            "{damage:?}"
+        );
+        // The writer's own frames are well inside it.
+        let big: Vec<u8> = (0..8u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        let (frames, damage) = read_all(&file(&[(FrameKind::Records, &big, true)]));
+        assert_eq!((frames.len(), damage), (1, None));
+    }
+
+    /// Issue 13 (10): 40 frames of 256 MiB of zeros in 331 KB made `report` use 6 GB.
+    #[test]
+    fn a_decompression_bomb_is_refused_within_the_bound() {
+        let zeros = zstd::bulk::compress(&vec![0u8; 40 << 20], 1).unwrap();
+        // Versions 1 and 2 do not declare the decompressed length: stopped while decompressing.
+        let mut v = file_header(2);
+        v.extend(old_frame(FrameKind::Meta, b"meta", false));
+        let bomb = v.len() as u64;
+        v.extend(old_frame(FrameKind::Records, &zeros, true));
+        let (frames, damage) = read_all(&v);
+        assert_eq!(frames.len(), 1);
+        let size = v.len() as u64;
+        let limit = MAX_EXPANSION * size + EXPANSION_SLACK;
+        assert_eq!(
+            damage,
+            Some(Damage::TooLarge {
+                offset: bomb,
+                limit,
+                size
+            })
+        );
+        let text = damage.unwrap().to_string();
+        assert!(
+            text.contains("not written by tracer, or is damaged"),
+            "{text}"
+        );
+        // Version 3 declares it: refused before decompressing anything (the body here is not
+        // even zstd).
+        let mut v = file_header(3);
+        v.extend(raw_frame(1, 0, b"meta", 4));
+        v.extend(raw_frame(2, FLAG_ZSTD, b"not zstd", 40 << 20));
+        let (frames, damage) = read_all(&v);
+        assert_eq!(frames.len(), 1);
+        assert!(
+            matches!(damage, Some(Damage::TooLarge { .. })),
+            "{damage:?}"
+        );
+        // Below the bound, the same payload reads.
+        let mut v = file_header(3);
+        v.extend(raw_frame(2, FLAG_ZSTD, &zeros[..], 40 << 20));
+        v.resize(v.len() + (100 << 10), 0);
+        let (frames, _) = read_all(&v);
+        assert_eq!(frames[0].payload.len(), 40 << 20);
     }
 }

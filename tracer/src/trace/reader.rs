@@ -40,14 +40,19 @@ fn decode<T: serde::de::DeserializeOwned>(f: &Frame) -> Result<T, Damage> {
 
 pub fn read(path: &Path) -> Result<TraceContents> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    read_from(BufReader::new(file), &path.display().to_string())
+    // The file's size bounds what it may decompress to (`format::MAX_EXPANSION`).
+    let size = file
+        .metadata()
+        .with_context(|| format!("reading the size of {}", path.display()))?
+        .len();
+    read_from(BufReader::new(file), size, &path.display().to_string())
 }
 
-/// Reads a trace from any reader (`name` says where it came from, in errors): the file path
-/// above, and the fuzzer's bytes.
-pub fn read_from(mut r: impl std::io::Read, name: &str) -> Result<TraceContents> {
+/// Reads a trace of `size` bytes from any reader (`name` says where it came from, in errors):
+/// the file path above, and the fuzzer's bytes.
+pub fn read_from(mut r: impl std::io::Read, size: u64, name: &str) -> Result<TraceContents> {
     let version = read_header(&mut r).with_context(|| name.to_string())?;
-    let mut frames = FrameReader::new(r, version);
+    let mut frames = FrameReader::new(r, version, size);
     let mut meta = None;
     let mut out = TraceContents {
         meta: placeholder_meta(),
@@ -121,7 +126,7 @@ mod tests {
     const SEED_SAMPLES: usize = 4;
 
     fn read_bytes(v: &[u8]) -> Result<TraceContents> {
-        read_from(v, "test")
+        read_from(v, v.len() as u64, "test")
     }
 
     /// The seed's frames in the current layout, `extra` inserted before the final frame.

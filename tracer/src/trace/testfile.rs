@@ -11,7 +11,7 @@ pub const SEED: &[u8] = include_bytes!("../../../fuzz/seeds/sleeper.trace");
 /// The seed's frames, decoded.
 pub fn seed_frames() -> Vec<Frame> {
     let version = u32::from_le_bytes(SEED[8..12].try_into().unwrap());
-    let mut r = FrameReader::new(&SEED[16..], version);
+    let mut r = FrameReader::new(&SEED[16..], version, SEED.len() as u64);
     std::iter::from_fn(|| r.next_frame().unwrap()).collect()
 }
 
@@ -61,7 +61,7 @@ pub fn raw_frame(kind: u8, flags: u8, body: &[u8], raw_len: u32) -> Vec<u8> {
 /// Every frame of a file, until the end or the first damage (returned too).
 pub fn read_all(file: &[u8]) -> (Vec<Frame>, Option<super::format::Damage>) {
     let version = u32::from_le_bytes(file[8..12].try_into().unwrap());
-    let mut r = FrameReader::new(&file[16..], version);
+    let mut r = FrameReader::new(&file[16..], version, file.len() as u64);
     let mut frames = Vec::new();
     loop {
         match r.next_frame() {
