@@ -1,8 +1,8 @@
 //! The trace file and the outputs made from a recording: record then report gives the same
 //! document; damaged, foreign and newer files are named and what can be is recovered; Perfetto
 //! output parsed back by protoc with Perfetto's field numbers; HTML rendered by Chromium; the
-//! JSON validated against the committed schema; damaged frame headers and a decompression
-//! bomb refused at their offset.
+//! JSON validated against the committed schema; damaged frame headers, appended traces and a
+//! decompression bomb refused at their offset.
 
 #[path = "trace_file/bytes.rs"]
 mod bytes;

@@ -1,5 +1,6 @@
-//! Frame-level damage in real traces: a flipped header byte, a decompression bomb (issue 13,
-//! items 16 and 10). Each is refused at its byte offset, with what precedes it recovered.
+//! Frame-level damage in real traces: a flipped header byte, frames after the end or from
+//! another trace, a decompression bomb (issue 13, items 16 and 10). Each is refused at its
+//! byte offset, with what precedes it recovered.
 
 use std::{
     path::{Path, PathBuf},
@@ -71,6 +72,85 @@ fn every_byte_of_a_frame_header_is_checked() {
             "{what}"
         );
         assert_eq!(out.json()["end_reason"], "unfinished", "{what}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 13 (16): frames after the end frame, or from another trace, were merged silently.
+/// Each is refused at its offset, saying what is wrong, and what precedes it is recovered.
+#[test]
+fn frames_after_the_end_or_from_another_trace_are_refused() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("appended");
+    let one = record_busy(&dir);
+    let whole = report_bytes(&dir, "whole.trace", &one);
+    assert!(whole.status.success(), "{}", whole.stderr);
+    let doc = whole.json();
+    let frames = bytes::frames(&one);
+    let (fin, end) = (frames[frames.len() - 2], frames[frames.len() - 1]);
+    assert_eq!(
+        (fin.kind, end.kind),
+        (5, 6),
+        "it ends with the final and end frames"
+    );
+    let rec = *frames
+        .iter()
+        .find(|f| f.kind == 2)
+        .expect("a records frame");
+    let records = &one[rec.offset..rec.offset + rec.len];
+    // As the tracer leaves a file when it is killed before the final frame.
+    let partial = &one[..fin.offset];
+    let cases = [
+        (
+            "a whole trace appended to a finished one",
+            [&one[..], &one[..]].concat(),
+            one.len(),
+            "after the end frame",
+        ),
+        (
+            "another trace's frames appended to a finished one",
+            [&one[..], &one[16..]].concat(),
+            one.len(),
+            "after the end frame",
+        ),
+        (
+            "a trace appended to an unfinished one",
+            [partial, &one[16..]].concat(),
+            partial.len(),
+            "a second metadata frame",
+        ),
+        (
+            "a whole trace appended to an unfinished one",
+            [partial, &one[..]].concat(),
+            partial.len(),
+            "another trace file's header",
+        ),
+        (
+            "a frame between the final and end frames",
+            [&one[..end.offset], records, &one[end.offset..]].concat(),
+            end.offset,
+            "after the final frame",
+        ),
+    ];
+    for (i, (what, bytes, offset, why)) in cases.into_iter().enumerate() {
+        let out = report_bytes(&dir, &format!("appended{i}.trace"), &bytes);
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", out.stderr);
+        let at = format!("unexpected data at byte {offset}: ");
+        assert!(
+            out.stderr.contains(&at) && out.stderr.contains(why),
+            "{what}: {}",
+            out.stderr
+        );
+        if offset > fin.offset {
+            assert_eq!(
+                out.json(),
+                doc,
+                "{what}: the recording before it is read whole"
+            );
+        } else {
+            assert_eq!(out.json()["end_reason"], "unfinished", "{what}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -195,6 +195,10 @@ pub enum Damage {
     Truncated { offset: u64 },
     /// A frame's checksum, kind, flags, length or compression is wrong.
     Corrupt { offset: u64, why: String },
+    /// Something where the format allows nothing, or not that: data after the end frame, a
+    /// second metadata frame (another trace appended to this one), a frame after the final
+    /// frame other than the end frame.
+    Misplaced { offset: u64, why: String },
     /// Decompressing the frame at `offset` would take the file past its bound (`limit` bytes,
     /// from the file's `size`).
     TooLarge { offset: u64, limit: u64, size: u64 },
@@ -205,6 +209,7 @@ impl std::fmt::Display for Damage {
         match self {
             Self::Truncated { offset } => write!(f, "the file is cut short at byte {offset}"),
             Self::Corrupt { offset, why } => write!(f, "corrupt frame at byte {offset}: {why}"),
+            Self::Misplaced { offset, why } => write!(f, "unexpected data at byte {offset}: {why}"),
             Self::TooLarge {
                 offset,
                 limit,

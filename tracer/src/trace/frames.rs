@@ -5,7 +5,7 @@
 use std::io::{self, Read};
 
 use super::format::{
-    Damage, EXPANSION_SLACK, FILE_HEADER, FLAG_ZSTD, FrameKind, MAX_EXPANSION, MAX_FRAME,
+    Damage, EXPANSION_SLACK, FILE_HEADER, FLAG_ZSTD, FrameKind, MAGIC, MAX_EXPANSION, MAX_FRAME,
     frame_crc, frame_header_len, read_full,
 };
 
@@ -99,6 +99,11 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
+    /// Where the next frame starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     /// The most all payloads may decompress to: from the file's size, or from what has been
     /// read when that is more (a file still being written grows while it is read).
     pub fn limit(&self) -> u64 {
@@ -117,6 +122,12 @@ impl<R: Read> FrameReader<R> {
         let got = read_full(&mut self.r, &mut h[..hlen]).map_err(|e| corrupt(e.to_string()))?;
         if got == 0 {
             return Ok(None);
+        }
+        if got >= MAGIC.len() && h[..MAGIC.len()] == MAGIC {
+            return Err(Damage::Misplaced {
+                offset,
+                why: "another trace file's header: a trace was appended to this one".into(),
+            });
         }
         if got < hlen {
             return Err(Damage::Truncated { offset });
@@ -192,6 +203,11 @@ impl<R: Read> FrameReader<R> {
             None if got > cap => Err(too_large),
             _ => Ok(out),
         }
+    }
+
+    /// How many bytes follow the last frame read (reading them, holding none).
+    pub fn rest(&mut self) -> io::Result<u64> {
+        io::copy(&mut self.r, &mut io::sink())
     }
 }
 
@@ -385,5 +401,17 @@ mod tests {
         v.resize(v.len() + (100 << 10), 0);
         let (frames, _) = read_all(&v);
         assert_eq!(frames[0].payload.len(), 40 << 20);
+    }
+
+    #[test]
+    fn another_trace_appended_is_named() {
+        let mut v = file(&[(FrameKind::Meta, b"meta", false)]);
+        let at = v.len() as u64;
+        v.extend(file(&[(FrameKind::Meta, b"meta", false)]));
+        let (frames, damage) = read_all(&v);
+        assert_eq!(frames.len(), 1);
+        assert!(
+            matches!(damage, Some(Damage::Misplaced { offset, why }) if offset == at && why.contains("appended")),
+        );
     }
 }

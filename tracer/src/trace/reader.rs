@@ -1,4 +1,10 @@
 //! Reading a trace file back, recovering what a damaged or unfinished one still holds.
+//!
+//! The frames must come in the order the writer makes them (docs/TRACE-FILE.md):
+//! `Meta (Records | Gpu | Cgroup)* [Final End]`, and nothing after `End`. Anything else is
+//! damage at its offset, handled like a bad checksum: what precedes it is kept and the report
+//! says where it stopped. Without these rules a trace appended to another, or frames after the
+//! end, were merged into the recording silently.
 
 use std::{fs::File, io::BufReader, path::Path};
 
@@ -29,6 +35,45 @@ pub struct TraceContents {
     pub version: u32,
     /// The `End` frame was reached: the file is complete.
     pub complete: bool,
+}
+
+/// Where in the file's grammar the frames read so far leave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Nothing read: the metadata frame comes first.
+    Start,
+    /// After the metadata: streamed frames, or the final frame.
+    Body,
+    /// After the final frame: only the end frame.
+    Final,
+    /// After the end frame: nothing.
+    End,
+}
+
+impl Place {
+    /// Where a frame of `kind` leads, or why it may not come here.
+    fn then(self, kind: FrameKind) -> Result<Self, String> {
+        use FrameKind as K;
+        match (self, kind) {
+            (Self::Start, K::Meta) => Ok(Self::Body),
+            (Self::Start, k) => Err(format!(
+                "the first frame is a {} frame, not the metadata frame",
+                k.name()
+            )),
+            (Self::Body, K::Records | K::Gpu | K::Cgroup) => Ok(Self::Body),
+            (Self::Body, K::Final) => Ok(Self::Final),
+            (Self::Body, K::Meta) => {
+                Err("a second metadata frame: another trace was appended to this one".into())
+            }
+            (Self::Body, K::End) => Err("an end frame without a final frame before it".into()),
+            (Self::Final, K::End) => Ok(Self::End),
+            (Self::Final, k) => Err(format!(
+                "a {} frame after the final frame, where only the end frame may come",
+                k.name()
+            )),
+            (Self::End, _) => unreachable!("nothing is read after the end frame"),
+        }
+    }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(f: &Frame) -> Result<T, Damage> {
@@ -81,7 +126,12 @@ fn read_frames(
     out: &mut TraceContents,
     meta: &mut Option<TraceMeta>,
 ) -> Result<(), Damage> {
+    let mut place = Place::Start;
     while let Some(f) = frames.next_frame()? {
+        place = place.then(f.kind).map_err(|why| Damage::Misplaced {
+            offset: f.offset,
+            why,
+        })?;
         match f.kind {
             FrameKind::Meta => *meta = Some(decode(&f)?),
             FrameKind::Records => out.records.extend_from_slice(&f.payload),
@@ -94,10 +144,32 @@ fn read_frames(
                     why: "the end frame is not empty".into(),
                 });
             }
-            FrameKind::End => out.complete = true,
+            FrameKind::End => {
+                out.complete = true;
+                return trailing(frames);
+            }
         }
     }
     Ok(())
+}
+
+/// The end frame ends the file: anything after it was appended.
+fn trailing(frames: &mut FrameReader<impl std::io::Read>) -> Result<(), Damage> {
+    let offset = frames.offset();
+    match frames.rest() {
+        Ok(0) => Ok(()),
+        Ok(n) => Err(Damage::Misplaced {
+            offset,
+            why: format!(
+                "{n} more bytes after the end frame: the trace ended there, and something was \
+                 appended to it"
+            ),
+        }),
+        Err(e) => Err(Damage::Corrupt {
+            offset,
+            why: e.to_string(),
+        }),
+    }
 }
 
 fn placeholder_meta() -> TraceMeta {
@@ -148,6 +220,13 @@ mod tests {
         file(&frames)
     }
 
+    fn misplaced(c: &TraceContents) -> (u64, &str) {
+        match &c.damage {
+            Some(Damage::Misplaced { offset, why }) => (*offset, why),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_complete_file_reads_in_either_version() {
         for v in [SEED.to_vec(), trace(&[], true)] {
@@ -156,6 +235,68 @@ mod tests {
             assert_eq!(c.cgroup.len(), SEED_SAMPLES);
         }
         assert_eq!(read_bytes(SEED).unwrap().version, 1);
+    }
+
+    /// Issue 13 (16): frames after the end frame were merged into the recording.
+    #[test]
+    fn anything_after_the_end_frame_is_refused_and_the_trace_before_kept() {
+        let one = trace(&[], true);
+        for appended in [
+            trace(&[], true),
+            trace(&[], true)[16..].to_vec(),
+            vec![0; 7],
+        ] {
+            let mut v = one.clone();
+            v.extend_from_slice(&appended);
+            let c = read_bytes(&v).unwrap();
+            let (offset, why) = misplaced(&c);
+            assert_eq!(offset, one.len() as u64);
+            let n = appended.len();
+            assert!(
+                why.contains(&format!("{n} more bytes after the end frame")),
+                "{why}"
+            );
+            assert!(c.complete && c.final_recording.is_some());
+            assert_eq!(c.cgroup.len(), SEED_SAMPLES, "nothing appended is merged");
+        }
+    }
+
+    #[test]
+    fn frames_out_of_order_are_refused_at_their_offset() {
+        // An unfinished trace with another appended: its metadata frame is the damage.
+        let partial = trace(&[], false);
+        let mut v = partial.clone();
+        v.extend_from_slice(&trace(&[], true)[16..]);
+        let c = read_bytes(&v).unwrap();
+        assert_eq!(
+            misplaced(&c),
+            (
+                partial.len() as u64,
+                "a second metadata frame: another trace was appended to this one"
+            )
+        );
+        assert!(!c.complete && c.final_recording.is_none());
+        assert_eq!(c.cgroup.len(), SEED_SAMPLES);
+        // Only the end frame may follow the final frame.
+        let done = trace(&[], true);
+        let end = done.len() - 16;
+        let mut v = done[..end].to_vec();
+        v.extend_from_slice(&done[16..16 + 16 + seed_payload(FrameKind::Meta).len()]);
+        let c = read_bytes(&v).unwrap();
+        let (offset, why) = misplaced(&c);
+        assert_eq!(offset, end as u64);
+        assert!(
+            why.contains("a metadata frame after the final frame"),
+            "{why}"
+        );
+        assert!(c.final_recording.is_some() && !c.complete);
+        // An end frame needs a final frame before it.
+        let c = read_bytes(&trace(&[(FrameKind::End, b"", false)], false)).unwrap();
+        assert!(misplaced(&c).1.contains("without a final frame"));
+        // The metadata frame comes first, or nothing can be recovered.
+        let v = file(&[(FrameKind::Records, &[0u8; 32], false)]);
+        let err = format!("{:#}", read_bytes(&v).err().unwrap());
+        assert!(err.contains("not the metadata frame"), "{err}");
     }
 
     #[test]
