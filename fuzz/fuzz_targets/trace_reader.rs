@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use tracer::trace::{reader, recover};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(contents) = reader::read_from(data, "fuzz input") {
+    if let Ok(contents) = reader::read_from(data, data.len() as u64, "fuzz input") {
         // What `tracer report` does next: rebuild the recording and summarize it.
         let rec = recover::into_recording(contents, true);
         let _ = tracer::analysis::summary::summarize(&rec);

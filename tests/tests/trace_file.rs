@@ -1,7 +1,13 @@
 //! The trace file and the outputs made from a recording: record then report gives the same
 //! document; damaged, foreign and newer files are named and what can be is recovered; Perfetto
 //! output parsed back by protoc with Perfetto's field numbers; HTML rendered by Chromium; the
-//! JSON validated against the committed schema.
+//! JSON validated against the committed schema; damaged frame headers, appended traces and a
+//! decompression bomb refused at their offset.
+
+#[path = "trace_file/bytes.rs"]
+mod bytes;
+#[path = "trace_file/frames.rs"]
+mod frames;
 
 use std::{
     os::unix::fs::PermissionsExt,

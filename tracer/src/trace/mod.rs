@@ -1,11 +1,15 @@
 //! The trace file: a recording written as it is made, and read back by `tracer report`.
 //! `format.rs` is the byte layout; `writer.rs` writes incrementally to a temporary file and
-//! renames it when done; `reader.rs` reads a file back, recovering what it can from a damaged
-//! one.
+//! renames it when done; `frames.rs` reads frames back one at a time (checksums, the bound on
+//! the decompressed size); `reader.rs` holds them to the file's order and recovers what it can
+//! from a damaged file; `recover.rs` turns what was read into a recording.
 
 pub mod format;
+pub mod frames;
 pub mod reader;
 pub mod recover;
+#[cfg(test)]
+mod testfile;
 pub mod writer;
 
 use serde::{Deserialize, Serialize};
