@@ -18,13 +18,25 @@ fn pmu_present() -> bool {
         .unwrap_or(false)
 }
 
-/// `perf stat -x,` output: value of the event named `name`.
-fn perf_value(csv: &str, name: &str) -> u64 {
-    csv.lines()
-        .find(|l| l.split(',').nth(2) == Some(name))
-        .and_then(|l| l.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("perf stat printed no {name}:\n{csv}"))
+/// `perf stat -x, --per-thread` output: for the event `name`, each thread's value by TID
+/// (lines are "comm-TID,value,unit,event,running ns,...").
+fn perf_per_thread(csv: &str, name: &str) -> std::collections::BTreeMap<u32, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in csv.lines() {
+        let f: Vec<&str> = l.split(',').collect();
+        if f.len() < 5 || f[3] != name {
+            continue;
+        }
+        let Some(tid) = f[0].rsplit('-').next().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // task-clock's value is printed in ms with two decimals; its running time, in ns, is
+        // the same time at full resolution.
+        let v = if name == "task-clock" { f[4] } else { f[1] };
+        out.insert(tid, v.parse().unwrap_or(0));
+    }
+    assert!(!out.is_empty(), "perf stat printed no {name}:\n{csv}");
+    out
 }
 
 #[test]
@@ -49,13 +61,16 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     load.settle();
     let before = snapshot(load.pid);
     let steal_before = steal_ns();
-    // perf stat's own per-thread counters: an independent count of the same switches.
+    // perf stat's own per-thread counters: an independent count of the same switches, and
+    // an independent clock of the same slices (task-clock is timed at the context switch
+    // itself, perf_event_task_sched_in/out).
     let perf = Command::new("perf")
         .args([
             "stat",
             "-x,",
+            "--per-thread",
             "-e",
-            "context-switches,cpu-migrations",
+            "context-switches,cpu-migrations,task-clock",
             "-p",
             &pid,
         ])
@@ -85,6 +100,7 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     // (losses.unseen_switch_ins) or came before sched_switch was attached (a thread running at
     // that moment): at most one per thread, seen about once in 20 runs.
     let unseen = u(&doc["losses"]["unseen_switch_ins"]) + 1;
+    let task_clock = perf_per_thread(&perf_csv, "task-clock");
     let mut switches = 0;
     for (tid, a) in &after {
         let d = *a - before[tid];
@@ -118,16 +134,32 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
             clock.abs_diff(oncpu) <= oncpu / 50 + 1_000_000,
             "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu}"
         );
-        // schedstat leaves out the time the host stole from this VM (see steal_ns); the
-        // clock does not.
+        // perf's task-clock times the same slices at the switch itself: within 0.5 % +
+        // 50 us (measured: 0.02-0.19 % apart on every worker, 8 rounds).
+        let perf_clock = task_clock[tid];
         assert!(
-            clock.abs_diff(d.oncpu_ns) <= d.oncpu_ns / 50 + 1_000_000 + stolen,
-            "tid {tid}: cpu-clock {clock} vs schedstat {} ({stolen} ns stolen)",
-            d.oncpu_ns
+            clock.abs_diff(perf_clock) <= perf_clock / 200 + 50_000,
+            "tid {tid}: cpu-clock {clock} vs perf task-clock {perf_clock}"
+        );
+        // schedstat is not that reference: its on-CPU time runs from the run-queue clock at
+        // the pick to the clock at the next put, and that clock is not updated at a switch a
+        // wakeup asked for (it keeps the wakeup's time), so a thread switched in after a
+        // wakeup preemption is credited from the wakeup. Measured on this workload: schedstat
+        // 0.8-3.3 % above both the tracer and perf on every worker (up to +37 us on the main
+        // thread's 0.14 ms), and 5.5 % once (issue 13) where perf was not run. One-sided and
+        // wide: at most 1 % + 1 ms below, 10 % + 1 ms (and the time the host stole from this
+        // VM, which it leaves out and the clock does not) above.
+        let sched = d.oncpu_ns;
+        assert!(
+            sched + clock / 100 + 1_000_000 >= clock
+                && sched <= clock + clock / 10 + 1_000_000 + stolen,
+            "tid {tid}: cpu-clock {clock} vs schedstat {sched} ({stolen} ns stolen)"
         );
     }
     assert_eq!(
-        perf_value(&perf_csv, "context-switches"),
+        perf_per_thread(&perf_csv, "context-switches")
+            .values()
+            .sum::<u64>(),
         switches,
         "perf stat over the same window"
     );

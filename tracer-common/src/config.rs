@@ -70,6 +70,15 @@ pub struct Config {
     pub upid_nr_off: u32,
     pub upid_ns_off: u32,
     pub pidns_inum_off: u32,
+    /// 1: the tp_btf programs read each target task's own counters (`se.sum_exec_runtime`,
+    /// `nvcsw`, `nivcsw`, at these offsets) to account switches the tracepoint did not report.
+    pub task_counts: u32,
+    pub task_exec_off: u32,
+    pub task_nvcsw_off: u32,
+    pub task_nivcsw_off: u32,
+    /// Classic sched_process_exec record: `pid`, `old_pid`.
+    pub exec_pid_off: u32,
+    pub exec_old_pid_off: u32,
 }
 
 impl Config {
@@ -111,6 +120,12 @@ impl Config {
             upid_nr_off: 0,
             upid_ns_off: 0,
             pidns_inum_off: 0,
+            task_counts: 0,
+            task_exec_off: 0,
+            task_nvcsw_off: 0,
+            task_nivcsw_off: 0,
+            exec_pid_off: 0,
+            exec_old_pid_off: 0,
         }
     }
 }

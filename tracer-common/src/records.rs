@@ -32,6 +32,9 @@ pub enum EventKind {
     RequestStart = 11,
     /// The target called its request-end marker function; fields as for `RequestStart`.
     RequestEnd = 12,
+    /// A thread that was not the process's main one exec'd and took over the main TID
+    /// (`tid`, the TGID). `aux`: the TID it had, which ends here.
+    Exec = 13,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -44,6 +47,7 @@ impl TryFrom<u32> for EventKind {
             4 => Self::WakeupNew,
             5 => Self::Migrate,
             6 => Self::ThreadNew,
+            13 => Self::Exec,
             7 => Self::ThreadExit,
             8 => Self::CounterSlice,
             9 => Self::CudaLaunch,

@@ -68,6 +68,12 @@ pub const FLAG_LATE: u32 = 4;
 /// `ThreadStats::flags`, kernel side only: the thread was moved to another CPU while it waited
 /// in a run queue (its current wait is a `WaitCode::Migration`).
 pub const FLAG_MOVED: u32 = 8;
+/// `ThreadStats::flags`: `seen_*` hold the kernel's own counters of the thread as of its last
+/// traced event (tp_btf programs read them from the task_struct).
+pub const FLAG_SEEN: u32 = 16;
+/// `ThreadStats::flags`: the thread's TID ended in an exec by another thread of its process,
+/// which took over the process's main TID (`de_thread`, fs/exec.c).
+pub const FLAG_EXECED: u32 = 32;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///
@@ -119,6 +125,12 @@ pub struct ThreadStats {
     /// and a second map lookup per switch cost 40-110 ns (BENCHMARKS.md).
     pub caused_wait_ns: u64,
     pub caused_slices: u64,
+    /// The kernel's `se.sum_exec_runtime`, `nvcsw` and `nivcsw` of the thread as of its last
+    /// traced event (with `FLAG_SEEN`). A switch the tracepoint never reported shows as a
+    /// difference at the next traced event, which then accounts it exactly (`sched.rs`).
+    pub seen_exec_ns: u64,
+    pub seen_nvcsw: u64,
+    pub seen_nivcsw: u64,
     pub runq_hist: [u32; RUNQ_HIST_SLOTS],
 }
 
@@ -149,6 +161,9 @@ impl ThreadStats {
             flags: 0,
             caused_wait_ns: 0,
             caused_slices: 0,
+            seen_exec_ns: 0,
+            seen_nvcsw: 0,
+            seen_nivcsw: 0,
             runq_hist: [0; RUNQ_HIST_SLOTS],
         }
     }
@@ -221,7 +236,9 @@ pub enum Counter {
     /// A target thread switched out while it was waiting for a CPU as far as the probes knew:
     /// the switch that gave it the CPU was not traced (see `sched.rs`).
     UnseenSwitchIn = 4,
-    /// A target thread switched in while it was running as far as the probes knew.
+    /// Switches off a CPU of a target thread that no tracepoint reported, found at its next
+    /// traced event (it switched in while running as far as the probes knew, or its own
+    /// counters had moved on).
     UnseenSwitchOut = 5,
     /// `bpf_perf_event_read_value` failed: a slice's counters are missing.
     PerfReadFailed = 6,

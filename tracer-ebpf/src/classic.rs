@@ -61,6 +61,8 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
         next_pid,
         next_target: is_target_tid(next_pid),
         next_comm: field(&ctx, config!(switch_next_comm_off)),
+        // The classic record carries no task: the kernel's own counters cannot be read.
+        next_task: core::ptr::null(),
     };
     sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
     if prev_target && is_dead(prev as u32) {
@@ -90,6 +92,7 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
         cpu,
         new,
         field(ctx, config!(wakeup_comm_off)),
+        core::ptr::null(),
         || unsafe { bpf_ktime_get_ns() },
     );
 }
@@ -133,6 +136,23 @@ pub fn task_newtask_tp(ctx: TracePointContext) -> u32 {
     let tid = read_u32(&ctx, config!(newtask_pid_off));
     let _ = TARGET_TIDS.insert(tid, 1, 0);
     sched::on_thread_new(tid, parent, field(&ctx, config!(newtask_comm_off)));
+    0
+}
+
+/// sched_process_exec: `current` exec'd; `old_pid` is the TID it had (the TGID now holds it
+/// when it was not the main thread).
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn sched_process_exec_tp(ctx: TracePointContext) -> u32 {
+    let Some(tid) = current_is_target() else {
+        return 0;
+    };
+    let old = read_u32(&ctx, config!(exec_old_pid_off));
+    if old != tid {
+        // The old TID is gone; the main one is this thread now.
+        let _ = TARGET_TIDS.remove(old);
+        let _ = TARGET_TIDS.insert(tid, 1, 0);
+    }
+    sched::on_exec(tid, old, core::ptr::null());
     0
 }
 

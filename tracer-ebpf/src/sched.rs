@@ -11,14 +11,14 @@ use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, generated,
 };
 use tracer_common::{
-    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXITED, FLAG_MOVED,
-    MigrationKey, Preemptor, RUNQ_HIST_SLOTS, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode,
-    hist_slot,
+    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED, FLAG_EXITED,
+    FLAG_MOVED, FLAG_SEEN, MigrationKey, Preemptor, RUNQ_HIST_SLOTS, ThreadState, ThreadStats,
+    WAIT_CODE_SHIFT, WaitCode, hist_slot,
 };
 
 use crate::maps::{
-    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, config, count,
-    emit,
+    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, add, config,
+    count, emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -73,8 +73,111 @@ fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     t.flags = 0;
     t.caused_wait_ns = 0;
     t.caused_slices = 0;
+    t.seen_exec_ns = 0;
+    t.seen_nvcsw = 0;
+    t.seen_nivcsw = 0;
     t.runq_hist = [0; RUNQ_HIST_SLOTS];
     t.tid = tid;
+}
+
+/// A task's own counters, read from its task_struct where the program has one (tp_btf).
+#[derive(Clone, Copy)]
+struct TaskCounts {
+    /// `se.sum_exec_runtime`: its time on a CPU so far.
+    pub exec_ns: u64,
+    pub nvcsw: u64,
+    pub nivcsw: u64,
+}
+
+/// The counters of `task`, a task_struct the tracepoint passed (tp_btf; plain loads, whose
+/// offsets come from BTF through `CONFIG`), or None: classic tracepoints pass no task (null).
+/// Read only where a target task is at hand, never on the early-exit path.
+#[inline(always)]
+fn counts_of(task: *const u8) -> Option<TaskCounts> {
+    if task.is_null() || config!(task_counts) == 0 {
+        return None;
+    }
+    let at = |off: u32| unsafe { core::ptr::read_volatile(task.add(off as usize) as *const u64) };
+    Some(TaskCounts {
+        exec_ns: at(config!(task_exec_off)),
+        nvcsw: at(config!(task_nvcsw_off)),
+        nivcsw: at(config!(task_nivcsw_off)),
+    })
+}
+
+/// Keeps the thread's own counters, less what the probes have counted so far: at its next
+/// reading, whatever the counters moved by beyond what the probes counted meanwhile was never
+/// reported. (Offsets, not the counters themselves: the probes' own counting in between,
+/// switch-outs included, then needs no reading of its own.)
+#[inline(always)]
+fn remember(t: &mut ThreadStats, c: Option<&TaskCounts>) {
+    if let Some(c) = c {
+        t.seen_exec_ns = c.exec_ns.wrapping_sub(t.oncpu_ns);
+        t.seen_nvcsw = c.nvcsw.wrapping_sub(t.voluntary_switches);
+        t.seen_nivcsw = c.nivcsw.wrapping_sub(t.involuntary_switches);
+        t.flags |= FLAG_SEEN;
+    }
+}
+
+/// Compares the thread's own counters with what the probes counted since its last reading.
+/// More switches than counted means some were never reported (on our Firecracker VMs no
+/// sched_switch fires with `prev` a thread of PID 1, and some of its wakeups are missing too):
+/// they are added to its totals here, and the time it ran that was not accounted (negative: it
+/// was accounted as running when it was not) is returned, with whether it blocked meanwhile.
+/// None when the counters agree, or cannot be read (classic tracepoints).
+#[inline(always)]
+fn unseen(t: &mut ThreadStats, c: Option<&TaskCounts>) -> Option<(i64, bool)> {
+    let c = c?;
+    if t.flags & FLAG_SEEN == 0 {
+        return None;
+    }
+    let nv = c
+        .nvcsw
+        .wrapping_sub(t.voluntary_switches)
+        .wrapping_sub(t.seen_nvcsw) as i64;
+    let niv = c
+        .nivcsw
+        .wrapping_sub(t.involuntary_switches)
+        .wrapping_sub(t.seen_nivcsw) as i64;
+    if nv <= 0 && niv <= 0 {
+        return None;
+    }
+    let (nv, niv) = (nv.max(0) as u64, niv.max(0) as u64);
+    t.voluntary_switches += nv;
+    t.involuntary_switches += niv;
+    add(Counter::UnseenSwitchOut, nv + niv);
+    let ran = c
+        .exec_ns
+        .wrapping_sub(t.oncpu_ns)
+        .wrapping_sub(t.seen_exec_ns) as i64;
+    Some((ran, nv > 0))
+}
+
+/// Accounts what `unseen` found over the interval since the thread's last event: the time it
+/// ran, up to the interval's length; or, when more had been accounted as running than it ran,
+/// that excess moved off the CPU. Returns the rest of the interval, spent off a CPU.
+#[inline(always)]
+fn account_unseen(t: &mut ThreadStats, ran: i64, now: u64) -> u64 {
+    let span = now.saturating_sub(t.state_ts_ns);
+    if ran >= 0 {
+        let ran = (ran as u64).min(span);
+        t.oncpu_ns += ran;
+        span - ran
+    } else {
+        let excess = ran.unsigned_abs().min(t.oncpu_ns);
+        t.oncpu_ns -= excess;
+        t.blocked_ns += excess;
+        span
+    }
+}
+
+/// Takes a thread off its CPU's waiters (it is no longer waiting where the probes thought).
+#[inline(always)]
+fn stop_waiting(t: &mut ThreadStats, now: u64) {
+    if t.state == ThreadState::Runnable as u32 {
+        waiter_remove(t.wait_cpu, now);
+    }
+    t.wait_cpu = NO_CPU;
 }
 
 /// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
@@ -236,6 +339,9 @@ pub struct Switch {
     pub next_pid: u32,
     pub next_target: bool,
     pub next_comm: Comm,
+    /// The task switching in, for its own counters (tp_btf); null for classic tracepoints,
+    /// whose records carry none.
+    pub next_task: *const u8,
 }
 
 #[inline(always)]
@@ -287,6 +393,26 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
     out.age(sw.next_pid == 0);
 }
 
+/// The thread switching in against its own counters: it switched out (and maybe in and out
+/// again) unreported, so it ran what `unseen` says, then was off a CPU until now, blocked or,
+/// if it was only preempted, waiting for one (which this switch-in ends, as a run-queue wait of
+/// that length). Not inlined: a switch program with every branch of this inlined, and the perf
+/// counter reads, passes the verifier's million-instruction limit.
+#[inline(never)]
+fn reconcile_in(t: &mut ThreadStats, task: *const u8, now: u64) {
+    let Some((ran, blocked)) = unseen(t, counts_of(task).as_ref()) else {
+        return;
+    };
+    let off = account_unseen(t, ran, now);
+    stop_waiting(t, now);
+    t.state = if blocked {
+        ThreadState::Blocked as u32
+    } else {
+        ThreadState::Runnable as u32
+    };
+    t.state_ts_ns = now - off;
+}
+
 /// A target thread is switching out, so it is running, but the probes last saw it waiting: the
 /// switch that gave it the CPU was never traced. That happens (1) at the start of a recording,
 /// between attaching sched_wakeup and sched_switch, and (2) on hosts where some task's switches
@@ -295,6 +421,8 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
 /// wait bookkeeping is undone (the thread no longer waits, and the waiting pending on its CPU
 /// cannot be told apart from running, so no one is charged); the time since the thread was
 /// last seen waiting counts as on-CPU, since in case (2) the untraced task runs only briefly.
+/// Where the thread's own counters can be read, its next switch-in or wakeup moves back off
+/// the CPU what it did not run (`account_unseen`).
 #[inline(always)]
 fn repair_unseen_switch_in(t: &mut ThreadStats) {
     if t.state != ThreadState::Runnable as u32 {
@@ -350,9 +478,11 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
 
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+    reconcile_in(t, sw.next_task, now);
     let was = t.state;
     if was == ThreadState::Running as u32 {
-        // Its last switch out was not traced; the interval closes as running.
+        // Its last switch out was not traced (and its counters cannot be read: classic
+        // tracepoints); the interval closes as running.
         count(Counter::UnseenSwitchOut);
     }
     let waited = leave(t, now, ThreadState::Runnable);
@@ -370,6 +500,7 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     t.wait_cpu = NO_CPU;
     t.last_cpu = cpu;
     enter(t, ThreadState::Running, now);
+    remember(t, counts_of(sw.next_task).as_ref());
     crate::counters::slice_begin(sw.next_pid, now);
     // A wait that ended is at least 1 ns, so the record tells it from a switch-in that ended
     // none: a wakeup's time comes from the run queue's clock (clock.rs), which can put it a
@@ -403,17 +534,41 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
 /// A target thread was woken (or, with `new`, woken for the first time after creation), and
 /// joins the run queue of `cpu`. `clock` gives the time, called only if the wakeup counts.
 #[inline(always)]
-pub fn on_wakeup(tid: u32, cpu: u32, new: bool, comm: Comm, clock: impl FnOnce() -> u64) {
+pub fn on_wakeup(
+    tid: u32,
+    cpu: u32,
+    new: bool,
+    comm: Comm,
+    task: *const u8,
+    clock: impl FnOnce() -> u64,
+) {
+    let counts = counts_of(task);
     let Some(t) = thread(tid, config!(target_tgid), comm) else {
         return;
     };
-    // A wakeup of a task that is already running or runnable (it was woken before it managed to
-    // block) changes nothing.
-    if t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32 {
+    // A wakeup of a task that is already runnable (it was woken before it managed to block)
+    // changes nothing. But the kernel reports no wakeup of a task that is running
+    // (try_to_wake_up returns early): one the probes think is running or waiting blocked
+    // unreported (it was switched in, or out, by a switch no tracepoint reported). Its own
+    // counters, when they can be read, say so and how long it ran; the rest of the interval
+    // counts as blocked (how much of it was a wait for a CPU is not known).
+    let awake = t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32;
+    if awake && counts.is_none() {
         return;
     }
     let now = clock();
+    if let Some((ran, _)) = unseen(t, counts.as_ref()) {
+        let off = account_unseen(t, ran, now);
+        t.blocked_ns += off;
+        stop_waiting(t, now);
+        t.state = ThreadState::Blocked as u32;
+        t.state_ts_ns = now;
+    }
+    if t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32 {
+        return;
+    }
     leave(t, now, ThreadState::Blocked);
+    remember(t, counts.as_ref());
     t.wakeups += 1;
     enter(t, ThreadState::Runnable, now);
     t.wait_cpu = cpu;
@@ -489,6 +644,45 @@ pub fn on_thread_new(tid: u32, parent: u32, comm: Comm) {
     t.first_ts_ns = now;
     enter(t, ThreadState::New, now);
     emit(&event(now, tid, EventKind::ThreadNew, NO_CPU, parent, 0));
+}
+
+/// The target's thread `old_tid` exec'd (`tid`, which is `current`, is its TID now). When it
+/// was not the main thread, the kernel gave it the main thread's TID, which is the TGID, once
+/// every other thread (the old main one too) had exited (`de_thread`, fs/exec.c): its own
+/// entry ends here, and the main TID's, which that exit marked dead, goes on as this thread,
+/// running. Without this the old TID stayed "running" to the end of the window and the main
+/// thread, alive, showed as exited.
+#[inline(always)]
+pub fn on_exec(tid: u32, old_tid: u32, task: *const u8) {
+    let counts = counts_of(task);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let tgid = config!(target_tgid);
+    if old_tid != tid
+        && let Some(t) = thread(old_tid, tgid, Comm::Current)
+    {
+        leave(t, now, ThreadState::Running);
+        t.flags |= FLAG_EXITED | FLAG_EXECED;
+        t.exited_ts_ns = now;
+        enter(t, ThreadState::Dead, now);
+    }
+    let Some(t) = thread(tid, tgid, Comm::Current) else {
+        return;
+    };
+    if old_tid != tid {
+        // The dead main thread's interval is over; this one is running from now on.
+        t.flags &= !FLAG_EXITED;
+        t.exited_ts_ns = 0;
+        t.wait_cpu = NO_CPU;
+        if t.state == ThreadState::Unknown as u32 {
+            t.first_state = ThreadState::Running as u32;
+            t.first_ts_ns = now;
+        }
+        enter(t, ThreadState::Running, now);
+        remember(t, counts.as_ref());
+        emit(&event(now, tid, EventKind::Exec, NO_CPU, old_tid, 0));
+    }
+    // The new program's name.
+    read_comm(&mut t.comm, Comm::Current);
 }
 
 /// The target thread `tid`, which is `current`, exits.

@@ -61,17 +61,20 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let prev_tgid = tgid_of(prev);
     let next: *const u8 = ctx.arg(2);
     let next_tgid = tgid_of(next);
+    let prev_target = is_target(prev_tgid);
+    let next_target = is_target(next_tgid);
     let sw = Switch {
         preempt: ctx.arg::<u64>(0) & 0xff != 0,
         prev_state: ctx.arg::<u64>(3) & 0xffff_ffff,
         prev_pid: pid_of(prev),
         prev_tgid,
-        prev_target: is_target(prev_tgid),
+        prev_target,
         next_pid: 0,
-        next_target: is_target(next_tgid),
+        next_target,
         next_comm: comm_of(next),
+        next_task: next,
     };
-    let sw = if sw.next_target {
+    let sw = if next_target {
         Switch {
             next_pid: pid_of(next),
             ..sw
@@ -91,7 +94,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     }
     // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
     let cpu = read_u32(p, config!(task_cpu_off));
-    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p), || {
+    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p), p, || {
         if config!(wakeup_rq_clock) == 0 {
             return unsafe { bpf_ktime_get_ns() };
         }
@@ -143,6 +146,19 @@ pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
     }
     let parent: *const u8 = ctx.arg(0);
     sched::on_thread_new(pid_of(child), pid_of(parent), comm_of(child));
+    0
+}
+
+/// sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm); `p`
+/// is `current`, and its pid is the TGID already when another thread exec'd.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    if !is_target(tgid_of(p)) {
+        return 0;
+    }
+    let old = ctx.arg::<u64>(1) as u32;
+    sched::on_exec(pid_of(p), old, p);
     0
 }
 

@@ -6,6 +6,7 @@ pub mod gpu;
 pub mod preemptors;
 pub mod quantiles;
 pub mod requests;
+pub mod selfcheck;
 pub mod summary;
 pub mod timeline;
 pub mod verdict;

@@ -55,6 +55,9 @@ pub struct Summary {
     pub dropped_events: u64,
     pub events_received: u64,
     pub losses: Losses,
+    /// The recording checked against each thread's own counters in /proc over the same
+    /// window; null when they were not read (a recovered trace file).
+    pub self_check: Option<super::selfcheck::SelfCheck>,
     /// What this host let the tracer measure; a signal that was not available is "not
     /// assessed", never "absent".
     pub capabilities: Capabilities,
@@ -412,6 +415,7 @@ pub fn summarize(rec: &Recording) -> Summary {
         dropped_events: rec.losses.ringbuf_dropped,
         events_received: rec.events_received,
         losses: rec.losses,
+        self_check: super::selfcheck::check(rec),
         capabilities: rec.capabilities.clone(),
         totals,
         counters: counters_summary(rec),

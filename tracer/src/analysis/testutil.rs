@@ -69,5 +69,6 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         output_error: None,
         timeline: Default::default(),
         pid_namespace: None,
+        proc_counts: None,
     }
 }

@@ -112,6 +112,11 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
             continue;
         };
         let ended = tracker.on_event(ev);
+        let ts = ev.ts_ns.clamp(start, end.max(start));
+        if kind == EventKind::Exec {
+            exec(&mut threads, ev, ts, start);
+            continue;
+        }
         let t = threads.entry(ev.tid).or_insert_with(|| ThreadTimeline {
             tid: ev.tid,
             ..Default::default()
@@ -119,7 +124,6 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
         if t.dead {
             continue;
         }
-        let ts = ev.ts_ns.clamp(start, end.max(start));
         match kind {
             EventKind::SwitchIn => {
                 if t.state == Some(State::Runnable) && ev.value > 0 {
@@ -168,7 +172,8 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
                 t.since = ts;
             }
             EventKind::ThreadExit => t.exited_ns = Some(ev.ts_ns),
-            EventKind::CounterSlice
+            EventKind::Exec
+            | EventKind::CounterSlice
             | EventKind::CudaLaunch
             | EventKind::CudaSync
             | EventKind::RequestStart
@@ -181,6 +186,32 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
         }
     }
     threads
+}
+
+/// A thread that exec'd took over the main TID (`ev.tid`): its old TID (`ev.aux`) ends, and
+/// the main TID, dead since the old main thread exited, runs again from here.
+fn exec(threads: &mut BTreeMap<u32, ThreadTimeline>, ev: &Event, ts: u64, start: u64) {
+    let new = |tid| ThreadTimeline {
+        tid,
+        ..Default::default()
+    };
+    let old = threads.entry(ev.aux).or_insert_with(|| new(ev.aux));
+    if !old.dead {
+        old.go(ts, State::Blocked, State::Running, start);
+        old.state = None;
+        old.dead = true;
+        old.exited_ns = Some(ev.ts_ns);
+    }
+    let main = threads.entry(ev.tid).or_insert_with(|| new(ev.tid));
+    if main.dead {
+        main.dead = false;
+        main.state = Some(State::Running);
+        main.since = ts;
+    } else {
+        main.go(ts, State::Running, State::Blocked, start);
+    }
+    main.exited_ns = None;
+    main.cpu = None;
 }
 
 impl ThreadTimeline {

@@ -14,7 +14,7 @@ use counters::{CounterBins, CounterTotals};
 use gpu::GpuRecording;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tracer_common::{FLAG_CREATED, FLAG_EXITED, ThreadState, ThreadStats};
+use tracer_common::{FLAG_CREATED, FLAG_EXITED, FLAG_SEEN, ThreadState, ThreadStats};
 
 use crate::sources::{
     ebpf::{Losses, ProbeMode},
@@ -223,6 +223,31 @@ pub struct Recording {
     /// kernel's (the initial namespace's); this says what the namespace calls them.
     #[serde(default)]
     pub pid_namespace: Option<PidNamespaceIds>,
+    /// The threads' own counters at both ends of the window (for the self-check).
+    #[serde(default)]
+    pub proc_counts: Option<ProcWindow>,
+}
+
+/// A thread's own counters as the kernel keeps them (/proc/PID/task/TID/schedstat and
+/// status), and when they were read: what the recording is checked against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcCounts {
+    /// CLOCK_MONOTONIC when they were read.
+    pub t_ns: u64,
+    /// schedstat's time on a CPU (`se.sum_exec_runtime`).
+    pub oncpu_ns: u64,
+    pub voluntary: u64,
+    pub involuntary: u64,
+}
+
+/// The target's threads' own counters read just after attaching and just after detaching.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcWindow {
+    /// By kernel TID.
+    pub start: BTreeMap<u32, ProcCounts>,
+    pub end: BTreeMap<u32, ProcCounts>,
+    /// Threads left out: only the first `SELF_CHECK_THREADS` are read.
+    pub left_out: u64,
 }
 
 /// The IDs of the tasks seen in the tool's PID namespace.
@@ -345,12 +370,39 @@ fn add_to(state: u32, ns: u64, on: &mut u64, rq: &mut u64, bl: &mut u64) {
 /// Closes a kernel account against the window `[start, end]`: the interval before the first
 /// event goes to the state deduced from it, the interval after the last event to the state the
 /// thread is still in.
+/// The interval after the last event, for a thread the probes last saw switched in: its own
+/// counters read just after the window (`after`) say whether it ran all of it. It did not if
+/// it switched off the CPU since and no tracepoint reported it (on our VMs, any thread of
+/// PID 1): its switch counts moved on. Then it ran what its CPU time moved by since that
+/// switch-in (exact: the kernel brings it up to date at every switch), and was off the CPU for
+/// the rest. A thread still running has the same switch counts, and its CPU time may lag by a
+/// tick (schedstat is the raw `sum_exec_runtime`): it ran all of the tail.
+fn running_tail(s: &ThreadStats, tail: u64, after: Option<&ProcCounts>) -> (u64, u64) {
+    // `seen_*` hold the thread's counters less the probes' own counts at its last reading
+    // (tracer-ebpf `remember`): what moved beyond them went unreported.
+    let unreported = |kernel: u64, counted: u64, offset: u64| {
+        kernel.wrapping_sub(counted).wrapping_sub(offset) as i64
+    };
+    match after {
+        Some(a)
+            if s.flags & FLAG_SEEN != 0
+                && (unreported(a.voluntary, s.voluntary_switches, s.seen_nvcsw) > 0
+                    || unreported(a.involuntary, s.involuntary_switches, s.seen_nivcsw) > 0) =>
+        {
+            let ran = unreported(a.oncpu_ns, s.oncpu_ns, s.seen_exec_ns).max(0) as u64;
+            (ran.min(tail), tail.saturating_sub(ran))
+        }
+        _ => (tail, 0),
+    }
+}
+
 pub fn close_thread(
     s: &ThreadStats,
     start: u64,
     end: u64,
     comm: Option<&str>,
     samples: WaitSamples,
+    after: Option<&ProcCounts>,
 ) -> ThreadRecord {
     let (mut on, mut rq, mut bl) = (s.oncpu_ns, s.runq_wait_ns, s.blocked_ns);
     let created = s.flags & FLAG_CREATED != 0;
@@ -358,7 +410,11 @@ pub fn close_thread(
         let head = s.first_ts_ns.saturating_sub(start);
         add_to(s.first_state, head, &mut on, &mut rq, &mut bl);
     }
-    if s.state != ThreadState::Unknown as u32 {
+    if s.state == ThreadState::Running as u32 {
+        let (ran, off) = running_tail(s, end.saturating_sub(s.state_ts_ns), after);
+        on += ran;
+        bl += off;
+    } else if s.state != ThreadState::Unknown as u32 {
         let tail = end.saturating_sub(s.state_ts_ns);
         add_to(s.state, tail, &mut on, &mut rq, &mut bl);
     }
@@ -435,6 +491,8 @@ pub struct ThreadInputs {
     pub cuda: BTreeMap<u32, CudaTotals>,
     /// Run-queue waits by kind.
     pub waits: BTreeMap<u32, waits::WaitClasses>,
+    /// The threads' own counters read just after the window (for `close_thread`).
+    pub end_counts: BTreeMap<u32, ProcCounts>,
 }
 
 /// Joins the inputs into thread records sorted by TID.
@@ -447,7 +505,7 @@ pub fn assemble_threads(mut inp: ThreadInputs, start: u64, end: u64) -> Vec<Thre
             .or_else(|| inp.initial.get(&s.tid))
             .map(|i| i.comm.as_str());
         let w = inp.samples.remove(&s.tid).unwrap_or_default();
-        let mut rec = close_thread(s, start, end, name, w);
+        let mut rec = close_thread(s, start, end, name, w, inp.end_counts.get(&s.tid));
         rec.counters = inp.counters.remove(&s.tid);
         rec.wait_classes = inp.waits.remove(&s.tid).unwrap_or_default();
         out.insert(s.tid, rec);
@@ -482,7 +540,7 @@ mod tests {
         s.oncpu_ns = 240;
         s.state = ThreadState::Blocked as u32;
         s.state_ts_ns = 400;
-        let r = close_thread(&s, 100, 1000, None, WaitSamples::default());
+        let r = close_thread(&s, 100, 1000, None, WaitSamples::default(), None);
         assert_eq!(r.blocked_ns, 50 + 600);
         assert_eq!(r.oncpu_ns, 240);
         assert_eq!(r.runq_wait_ns, 10);
@@ -503,12 +561,65 @@ mod tests {
         s.state = ThreadState::Dead as u32;
         s.state_ts_ns = 700;
         s.comm = *b"worker\0\0\0\0\0\0\0\0\0\0";
-        let r = close_thread(&s, 100, 1000, Some("renamed"), WaitSamples::default());
+        let r = close_thread(&s, 100, 1000, Some("renamed"), WaitSamples::default(), None);
         assert_eq!(r.alive_ns(), 400);
         assert_eq!(r.created_ns, Some(300));
         assert_eq!(r.exited_ns, Some(700));
         // An exited thread keeps its kernel-side name: /proc no longer knows it.
         assert_eq!(r.comm, "worker");
+    }
+
+    #[test]
+    fn an_unreported_switch_off_the_cpu_ends_the_running_tail() {
+        // Seen blocked from the window's start (100), switched in at 400 having run 5 us in
+        // all and switched 10 times; still "running" at the window's end (1000) as far as the
+        // probes know.
+        let mut s = stats(3);
+        s.first_state = ThreadState::Blocked as u32;
+        s.first_ts_ns = 100;
+        s.state = ThreadState::Running as u32;
+        s.state_ts_ns = 400;
+        s.flags |= FLAG_SEEN;
+        // The counters less the probes' own counts (tracer-ebpf `remember`).
+        s.seen_exec_ns = 5_000;
+        (s.seen_nvcsw, s.seen_nivcsw) = (8, 2);
+        let after = |oncpu_ns, voluntary| ProcCounts {
+            t_ns: 1_010,
+            oncpu_ns,
+            voluntary,
+            involuntary: 2,
+        };
+        // It blocked after 50 ns, unreported: 50 on the CPU, the rest blocked.
+        let r = close_thread(
+            &s,
+            100,
+            1000,
+            None,
+            WaitSamples::default(),
+            Some(&after(5_050, 9)),
+        );
+        assert_eq!((r.oncpu_ns, r.blocked_ns), (50, 550));
+        // Still running: no switch since, and its CPU time lags (not updated since a tick).
+        let r = close_thread(
+            &s,
+            100,
+            1000,
+            None,
+            WaitSamples::default(),
+            Some(&after(5_100, 8)),
+        );
+        assert_eq!((r.oncpu_ns, r.blocked_ns), (600, 0));
+        // Without its counters (classic tracepoints), the tail runs to the end as before.
+        s.flags &= !FLAG_SEEN;
+        let r = close_thread(
+            &s,
+            100,
+            1000,
+            None,
+            WaitSamples::default(),
+            Some(&after(5_050, 9)),
+        );
+        assert_eq!(r.oncpu_ns, 600);
     }
 
     #[test]

@@ -39,10 +39,60 @@ pub fn render(s: &Summary, out: &mut String) {
             let _ = writeln!(out, "  - {}: {}", n.signal.replace('_', " "), n.reason);
         }
     }
+    self_check(s, out);
     if let Some(r) = &s.requests {
         requests(r, out);
     }
     out.push('\n');
+}
+
+/// Says plainly when the recording disagrees with the kernel's own counts, thread by thread:
+/// those numbers are not to be trusted.
+fn self_check(s: &Summary, out: &mut String) {
+    let Some(c) = &s.self_check else {
+        return;
+    };
+    if c.disagreements.is_empty() {
+        return;
+    }
+    let mut threads: Vec<u32> = c.disagreements.iter().map(|d| d.tid).collect();
+    threads.dedup();
+    let _ = writeln!(
+        out,
+        "\nSelf-check FAILED: for {} of {} threads the recording disagrees with the kernel's own \
+         counts (/proc), so their numbers below are wrong{}:",
+        threads.len(),
+        c.threads_checked,
+        if s.losses.unseen_switch_ins + s.losses.unseen_switch_outs > 0 {
+            format!(
+                " (the probes saw {} switches that no tracepoint reported)",
+                s.losses.unseen_switch_ins + s.losses.unseen_switch_outs
+            )
+        } else {
+            String::new()
+        }
+    );
+    for d in c.disagreements.iter().take(10) {
+        let (rec, ker) = if d.what == "oncpu_ns" {
+            (dur(d.recorded), dur(d.kernel))
+        } else {
+            (d.recorded.to_string(), d.kernel.to_string())
+        };
+        let _ = writeln!(
+            out,
+            "  - TID {} ({}): {} recorded {rec}, the kernel counted {ker}",
+            s.shown_id(d.tid),
+            crate::recording::printable(&d.comm),
+            d.what.replace('_', " ").replace(" ns", ""),
+        );
+    }
+    if c.disagreements.len() > 10 {
+        let _ = writeln!(
+            out,
+            "  ... {} more in the JSON (self_check)",
+            c.disagreements.len() - 10
+        );
+    }
 }
 
 fn requests(r: &RequestAnalysis, out: &mut String) {

@@ -32,6 +32,7 @@ pub struct Ended {
     pub gpu_capability: Capability,
     pub cgroup: Option<CgroupRecording>,
     pub host: HostMeta,
+    pub proc_counts: crate::recording::ProcWindow,
 }
 
 fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
@@ -120,6 +121,7 @@ pub fn recording(
         counters,
         cuda,
         waits: col.take_waits(),
+        end_counts: w.proc_counts.end.clone(),
     };
     let threads = assemble_threads(inputs, w.start, w.end);
     let mut rec = Recording {
@@ -159,6 +161,7 @@ pub fn recording(
         output_error: None,
         timeline: Default::default(),
         pid_namespace: None,
+        proc_counts: Some(w.proc_counts),
     };
     rec.pid_namespace = target
         .namespace_ids()

@@ -57,6 +57,9 @@ pub struct GpuSettings {
 /// How often the ring buffer is drained, the progress line refreshed and dead threads moved out
 /// of the kernel map. The kernel wakes the reader earlier only when the ring fills up.
 const TICK: Duration = Duration::from_millis(100);
+/// Threads whose own /proc counts are read at both ends of the window for the self-check (two
+/// small files each, about 10 us).
+const SELF_CHECK_THREADS: usize = 4096;
 /// How long after detaching the programs the unsent per-CPU records are read.
 const DETACH_GRACE: Duration = Duration::from_millis(20);
 
@@ -148,6 +151,9 @@ pub async fn record(
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
     probes.attach(|| target.threads().into_keys().collect())?;
+    // The threads' own counts, as near the window's start as can be: the self-check
+    // compares the recording with what they add up to over the window.
+    let (counts_start, left_out) = target.thread_counts(SELF_CHECK_THREADS);
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
     let bin_ns = opts.bin.as_nanos() as u64;
@@ -244,6 +250,7 @@ pub async fn record(
 
     probes.detach_sched();
     let end = monotonic_ns();
+    let (counts_end, _) = target.thread_counts(SELF_CHECK_THREADS);
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_uprobes();
@@ -284,6 +291,11 @@ pub async fn record(
             samples: throttling,
         }),
         host,
+        proc_counts: crate::recording::ProcWindow {
+            start: counts_start,
+            end: counts_end,
+            left_out,
+        },
     };
     let mut rec = assemble::recording(target, &mut probes, col, ended)?;
     let (cpu, rss) = process::own_usage();

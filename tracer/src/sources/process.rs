@@ -9,6 +9,7 @@ use std::{
 use procfs::process::Process;
 
 use super::pidns::{self, PidNamespace};
+use crate::recording::ProcCounts;
 
 use crate::error::TracerError;
 
@@ -55,6 +56,25 @@ pub fn status_field(path: &str, name: &str) -> Option<String> {
     bytes.split(|&b| b == b'\n').find_map(|line| {
         let rest = line.strip_prefix(name.as_bytes())?.strip_prefix(b":")?;
         Some(String::from_utf8_lossy(rest).trim().to_string())
+    })
+}
+
+/// A thread's counters from /proc: schedstat's first field, and the switch counts of status.
+fn read_counts(dir: &std::path::Path) -> Option<ProcCounts> {
+    let schedstat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
+    let status = std::fs::read(dir.join("status")).ok()?;
+    let t_ns = monotonic_ns();
+    let field = |name: &[u8]| -> Option<u64> {
+        status.split(|&b| b == b'\n').find_map(|line| {
+            let v = line.strip_prefix(name)?;
+            std::str::from_utf8(v).ok()?.trim().parse().ok()
+        })
+    };
+    Some(ProcCounts {
+        t_ns,
+        oncpu_ns: schedstat.split_whitespace().next()?.parse().ok()?,
+        voluntary: field(b"voluntary_ctxt_switches:")?,
+        involuntary: field(b"nonvoluntary_ctxt_switches:")?,
     })
 }
 
@@ -250,6 +270,29 @@ impl Target {
             );
         }
         out
+    }
+
+    /// The own counters of the process's threads now, by kernel TID: at most `limit` threads
+    /// (reading two files each), and how many more there were.
+    pub fn thread_counts(&self, limit: usize) -> (BTreeMap<u32, ProcCounts>, u64) {
+        let mut out = BTreeMap::new();
+        let mut more = 0;
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.proc_pid)) else {
+            return (out, more);
+        };
+        for e in dir.flatten() {
+            if out.len() >= limit {
+                more += 1;
+                continue;
+            }
+            let Some(tid) = e.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            if let (Some(host), Some(c)) = (self.host_tid(tid), read_counts(&e.path())) {
+                out.insert(host, c);
+            }
+        }
+        (out, more)
     }
 
     /// True while the process has a thread that has not exited.

@@ -145,6 +145,7 @@ fn partial(
         )),
         timeline: Default::default(),
         pid_namespace: meta.pid_namespace.clone(),
+        proc_counts: None,
     }
 }
 

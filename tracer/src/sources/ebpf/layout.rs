@@ -25,6 +25,8 @@ pub struct TaskOffsets {
     pub cpu: u32,
     /// The way from a task to its run queue's clock, where the kernel has one.
     pub rq_clock: Option<RqClockPath>,
+    /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`.
+    pub counts: Option<(u32, u32, u32)>,
 }
 
 /// What a recording says about where its wakeup times come from.
@@ -66,12 +68,20 @@ impl TaskOffsets {
                 rq_clock: btf.member_offset(btf.struct_id("rq").ok()?, &["clock"])?,
             })
         })();
+        let counts = (|| {
+            Some((
+                at(&["se", "sum_exec_runtime"]).ok()?,
+                at(&["nvcsw"]).ok()?,
+                at(&["nivcsw"]).ok()?,
+            ))
+        })();
         Ok(Self {
             pid: at(&["pid"])?,
             tgid: at(&["tgid"])?,
             comm: at(&["comm"])?,
             cpu,
             rq_clock,
+            counts,
         })
     }
 
@@ -80,6 +90,12 @@ impl TaskOffsets {
         config.task_tgid_off = self.tgid;
         config.task_comm_off = self.comm;
         config.task_cpu_off = self.cpu;
+        if let Some((exec, nvcsw, nivcsw)) = self.counts {
+            config.task_counts = 1;
+            config.task_exec_off = exec;
+            config.task_nvcsw_off = nvcsw;
+            config.task_nivcsw_off = nivcsw;
+        }
         if let Some(p) = self.rq_clock {
             config.wakeup_rq_clock = 1;
             config.task_cfs_rq_off = p.task_cfs_rq;
@@ -231,6 +247,10 @@ pub fn apply_classic_formats(tracefs: &Path, config: &mut Config) -> Result<()> 
     config.migrate_pid_off = need(&migrate, "sched_migrate_task", "pid")?.offset;
     config.migrate_orig_cpu_off = need(&migrate, "sched_migrate_task", "orig_cpu")?.offset;
     config.migrate_dest_cpu_off = need(&migrate, "sched_migrate_task", "dest_cpu")?.offset;
+
+    let exec = read("sched/sched_process_exec")?;
+    config.exec_pid_off = need(&exec, "sched_process_exec", "pid")?.offset;
+    config.exec_old_pid_off = need(&exec, "sched_process_exec", "old_pid")?.offset;
 
     let newtask = read("task/task_newtask")?;
     config.newtask_pid_off = need(&newtask, "task_newtask", "pid")?.offset;

@@ -57,19 +57,21 @@ pub enum ProbeMode {
 /// traced event then tells the state it was in (a switch-in: it was waiting; a switch-out: it
 /// was running), whereas a wakeup seen before switches are traced would leave the switch that
 /// follows unseen.
-const BTF_PROGRAMS: [(&str, &str); 6] = [
+const BTF_PROGRAMS: [(&str, &str); 7] = [
     ("sched_switch_btf", "sched_switch"),
     ("sched_migrate_task_btf", "sched_migrate_task"),
     ("sched_wakeup_btf", "sched_wakeup"),
     ("sched_wakeup_new_btf", "sched_wakeup_new"),
     ("sched_process_fork_btf", "sched_process_fork"),
+    ("sched_process_exec_btf", "sched_process_exec"),
     ("sched_process_exit_btf", "sched_process_exit"),
 ];
 /// Classic order: thread creation first, so that the TID filter seeded next misses no thread,
 /// then as for tp_btf.
-const CLASSIC_PROGRAMS: [(&str, &str, &str); 6] = [
+const CLASSIC_PROGRAMS: [(&str, &str, &str); 7] = [
     ("task_newtask_tp", "task", "task_newtask"),
     ("sched_process_exit_tp", "sched", "sched_process_exit"),
+    ("sched_process_exec_tp", "sched", "sched_process_exec"),
     ("sched_switch_tp", "sched", "sched_switch"),
     ("sched_migrate_task_tp", "sched", "sched_migrate_task"),
     ("sched_wakeup_tp", "sched", "sched_wakeup"),
@@ -308,7 +310,7 @@ impl SchedProbes {
             }
             ProbeMode::Classic => {
                 for (i, (name, category, tracepoint)) in CLASSIC_PROGRAMS.into_iter().enumerate() {
-                    if i == 2 {
+                    if i == 3 {
                         // Thread creation is now watched: the TIDs listed from here on are
                         // complete, so seed the TID filter before anything else attaches.
                         let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
