@@ -266,7 +266,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn print_recording(rec: &Recording, json: bool, outputs: &OutputArgs) -> anyhow::Result<()> {
     let summary = summarize(rec);
     if json {
-        println!("{}", render::json(&summary));
+        // A reader that stops early (`| head`) is no error, as it was not when the document
+        // went out in one write.
+        match render::write_json(&summary, std::io::stdout().lock()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+            _ => {}
+        }
     } else {
         print!("{}", render::text::render(&summary));
     }
