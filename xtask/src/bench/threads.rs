@@ -7,6 +7,7 @@
 use std::{
     fs::File,
     io::{BufRead as _, BufReader},
+    os::unix::process::CommandExt as _,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -31,12 +32,23 @@ struct Workload {
 impl Workload {
     fn start(ctx: &Ctx, threads: usize) -> Result<Self> {
         let bin = workspace_root().join("target/debug/tracer-testload");
-        let mut child = Command::new("taskset")
-            .args(["-c", &ctx.cpus.bench])
+        let mut c = Command::new("taskset");
+        c.args(["-c", &ctx.cpus.bench])
             .arg(&bin)
             .args(["many", &threads.to_string()])
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::piped());
+        // A session of its own, so an autogroup of its own (kernel.sched_autogroup_enabled): in
+        // the bench's, its threads' load on their CPU left the tracer a sliver of the group's
+        // weight on the other, and any other busy process there stopped it for tens of seconds.
+        // SAFETY: setsid is async-signal-safe and touches nothing of the parent's.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            })
+        };
+        let mut child = c
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut line = String::new();
