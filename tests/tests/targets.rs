@@ -181,14 +181,34 @@ fn a_target_seen_from_inside_a_pid_namespace_is_the_one_recorded() {
         assert_eq!(u(&t["involuntary_switches"]), d.involuntary, "tid {tid}");
         assert_eq!(u(&t["migrations"]), d.migrations, "tid {tid}");
     }
-    // A neighbour outside the namespace has no PID there, so it is not given one.
+    // Every preemptor is named in the namespace exactly when it is in it (the tracer, in
+    // there, is; a neighbour outside has no PID there), by the PID the namespace gives it.
+    let ns_inode = |pid: u64| {
+        std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| {
+            use std::os::unix::fs::MetadataExt as _;
+            m.ino()
+        })
+    };
+    let theirs = ns_inode(load.pid as u64).unwrap();
     for p in doc["preemptor_processes"].as_array().unwrap() {
         let host = u(&p["tgid"]);
-        if host != load.pid as u64 && host != 0 {
+        let Ok(inode) = ns_inode(host) else {
+            continue; // gone since
+        };
+        let named = ids.iter().find(|i| i["host"] == host);
+        if host == 0 || inode != theirs {
             assert!(
-                !ids.iter().any(|i| i["host"] == host),
-                "a process outside the namespace got a namespace PID: {p}"
+                named.is_none(),
+                "outside the namespace, given a PID there: {p}"
             );
+        } else {
+            let status = std::fs::read_to_string(format!("/proc/{host}/status")).unwrap();
+            let inner: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse().ok())
+                .unwrap();
+            assert_eq!(named.map(|i| u(&i["ns"])), Some(inner), "{p}");
         }
     }
 }

@@ -154,6 +154,8 @@ fn test(args: &[String]) -> Result<()> {
             rounds: 1,
             loops: 0,
             quick: true,
+            many_threads_only: false,
+            tracer: None,
         })?;
         // And that the trace reader survives a short fuzzing run.
         fuzz::fuzz(30)?;

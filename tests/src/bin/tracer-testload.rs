@@ -5,6 +5,9 @@
 //! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS | pingpong | cuda LIBRARY
 //! Prints `ready pid=P tids=T1,T2,...`, then for each `go` line on stdin runs the scenario once
 //! and prints `done ...`. Exits at end of input.
+//!
+//! `tracer-testload many THREADS` is different: that many threads, active from the start
+//! (`many_threads`), `ready pid=P threads=N` once all exist, and the exit at end of input.
 
 use std::{
     io::{BufRead, Write},
@@ -225,6 +228,57 @@ fn pingpong_round(index: usize) {
     }
 }
 
+/// When `many` started: its threads' wakeups are placed from it.
+static MANY_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// One thread of `many`: it wakes once a second, in one of 100 groups 10 ms apart, and spins a
+/// few microseconds. A group's threads wake together, so each waits behind its siblings and
+/// preempts some of them: every thread has wait samples and a preemptor entry, the tracer's
+/// per-thread work at its largest, for a few percent of a CPU at 20,000 threads.
+extern "C" fn many_thread(index: *mut libc::c_void) -> *mut libc::c_void {
+    let start = *MANY_START.get().expect("set before the threads");
+    let phase = Duration::from_millis(10 * (index as u64 % 100));
+    for second in 1u64.. {
+        let at = start + Duration::from_secs(second) + phase;
+        thread::sleep(at.saturating_duration_since(Instant::now()));
+        spin_for(Duration::from_micros(3));
+    }
+    std::ptr::null_mut()
+}
+
+/// `many THREADS`. The threads are bare pthreads: a std thread maps four areas (stack, alternate
+/// signal stack and their guard pages), and 20,000 of them would pass the default
+/// vm.max_map_count of 65,530; a pthread with a small stack maps two.
+fn many_threads(n: usize) {
+    MANY_START.get_or_init(Instant::now);
+    // SAFETY: the attribute is initialised before use and destroyed after; each thread gets its
+    // index as its argument, not a pointer to anything.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstacksize(&mut attr, 64 << 10);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        for index in 0..n {
+            let mut t: libc::pthread_t = 0;
+            let rc = libc::pthread_create(&mut t, &attr, many_thread, index as *mut libc::c_void);
+            assert_eq!(
+                rc, 0,
+                "thread {index}: pthread_create failed (ulimit -u, kernel.threads-max, \
+                 kernel.pid_max, vm.max_map_count)"
+            );
+        }
+        libc::pthread_attr_destroy(&mut attr);
+    }
+    say(&format!("ready pid={} threads={n}", std::process::id()));
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+    }
+    // The threads never finish: leave without waiting for them.
+    std::process::exit(0);
+}
+
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -234,6 +288,13 @@ fn say(line: &str) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("mixed");
+    if scenario == "many" {
+        many_threads(
+            args.get(1)
+                .and_then(|s| s.parse().ok())
+                .expect("many THREADS"),
+        );
+    }
     let gate = Arc::new(Gate {
         round: Mutex::new(0),
         cv: Condvar::new(),

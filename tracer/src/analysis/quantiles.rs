@@ -59,8 +59,7 @@ pub fn wait_quantiles(
         return (None, None, QuantileSource::None);
     }
     if samples.len() == complete_waits {
-        let h = &samples.0;
-        let q = |v: f64| Some(h.value_at_quantile(v).min(max));
+        let q = |v: f64| Some(samples.value_at_quantile(v).min(max));
         return (q(0.50), q(0.99), QuantileSource::Events);
     }
     (

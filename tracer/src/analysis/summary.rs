@@ -345,7 +345,7 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
         t.wait_classes.merge(&th.wait_classes);
         // Merging only makes sense while every thread's samples are complete.
         if th.runq_wait_samples.len() == th.runq_waits {
-            let _ = merged.0.add(&th.runq_wait_samples.0);
+            merged.merge(&th.runq_wait_samples);
         }
         for (sum, &c) in log2.iter_mut().zip(&th.runq_wait_log2_hist) {
             *sum = sum.saturating_add(c);

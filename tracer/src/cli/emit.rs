@@ -78,6 +78,12 @@ pub fn stdout(text: &str) -> Result<()> {
         .context("writing the summary to standard output")
 }
 
+/// Streams a JSON document to stdout (`render::write_json`), with `stdout`'s errors.
+pub fn stdout_json(doc: &impl serde::Serialize) -> Result<()> {
+    render::write_json(doc, std::io::stdout().lock())
+        .context("writing the summary to standard output")
+}
+
 /// Errors of several outputs, reported together once every output was tried.
 #[derive(Default)]
 pub struct Failures(Vec<anyhow::Error>);
@@ -122,12 +128,13 @@ pub fn print_recording(
         failures.keep(loaded);
     }
     let summary = summarize(rec);
-    let text = if json {
-        format!("{}\n", render::json(&summary))
+    failures.keep(if json {
+        stdout_json(&summary)
     } else {
-        crate::recording::terminal_safe(&render::text::render(&summary)).into_owned()
-    };
-    failures.keep(stdout(&text));
+        stdout(&crate::recording::terminal_safe(&render::text::render(
+            &summary,
+        )))
+    });
     failures.keep(write_outputs(rec, &summary, outputs));
     if let Some(e) = &rec.output_error {
         failures.keep(Err(anyhow::anyhow!("{e}")));

@@ -6,13 +6,14 @@ pub mod collect;
 pub mod counters;
 pub mod gpu;
 pub mod requests;
+pub mod samples;
 pub mod waits;
 
 use std::collections::BTreeMap;
 
 use counters::{CounterBins, CounterTotals};
 use gpu::GpuRecording;
-use hdrhistogram::Histogram;
+pub use samples::WaitSamples;
 use serde::{Deserialize, Serialize};
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, FLAG_SEEN, ThreadState, ThreadStats};
 
@@ -41,29 +42,6 @@ pub struct TargetMeta {
     pub pid: u32,
     pub comm: String,
     pub cmdline: Vec<String>,
-}
-
-/// Run-queue waits of one thread, as individual samples from the timeline.
-#[derive(Debug, Clone)]
-pub struct WaitSamples(pub Histogram<u64>);
-
-impl Default for WaitSamples {
-    fn default() -> Self {
-        // 1 ns to about 18 minutes at 2 significant digits: a few KiB per thread.
-        Self(Histogram::new_with_bounds(1, 1 << 40, 2).expect("static histogram bounds"))
-    }
-}
-
-impl WaitSamples {
-    pub fn record(&mut self, ns: u64) {
-        self.0.saturating_record(ns.max(1));
-    }
-    pub fn len(&self) -> u64 {
-        self.0.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part

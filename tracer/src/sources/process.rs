@@ -309,9 +309,13 @@ impl Target {
     }
 }
 
-/// The process ID and name of any task, for naming preemptors whose entry lacks them.
+/// The name of any task (a process's is its leader's), for naming preemptors' processes. From
+/// /proc/PID/comm: the process's stat file would cost in proportion to its threads, as the
+/// kernel adds up every thread's CPU time and faults for it (fs/proc/array.c `do_task_stat`).
 pub fn comm_of(pid: u32) -> Option<String> {
-    Process::new(pid as i32).ok()?.stat().ok().map(|s| s.comm)
+    let raw = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    let name = raw.strip_suffix(b"\n").unwrap_or(&raw);
+    Some(String::from_utf8_lossy(name).into_owned())
 }
 
 /// This process's CPU time (user + system, every thread) and peak resident set, in bytes.

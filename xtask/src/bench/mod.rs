@@ -10,6 +10,9 @@
 //!
 //! BPF run statistics (kernel.bpf_stats_enabled) cost two clock reads per program run, so
 //! they are taken in separate runs after the timed rounds, never in a timed one.
+//!
+//! A second case (`threads.rs`) measures the tracer's own work per thread: its time after the
+//! window, peak RSS and CPU on processes of 12,000 and 20,000 threads.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -24,6 +27,7 @@ use serde_json::{Value, json};
 use crate::{as_root, cargo, run, setup, workspace_root};
 
 mod stats;
+mod threads;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -36,6 +40,12 @@ pub struct BenchArgs {
     /// One short round: checks that the bench runs (CI), measures nothing worth quoting.
     #[arg(long)]
     pub quick: bool,
+    /// Only the many-threads case (the tracer on processes of 12,000 and 20,000 threads).
+    #[arg(long)]
+    pub many_threads_only: bool,
+    /// Measure this tracer binary instead of target/release/tracer (to compare two builds).
+    #[arg(long)]
+    pub tracer: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,12 +383,23 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let runqlat = runqlat_script(&dir)?;
     let ctx = Ctx {
-        tracer: workspace_root().join("target/release/tracer"),
+        tracer: args
+            .tracer
+            .clone()
+            .unwrap_or_else(|| workspace_root().join("target/release/tracer")),
         runqlat,
         cpus: cpus(),
         loops,
         dir: dir.clone(),
     };
+    if args.many_threads_only {
+        let many = threads::many_threads(&ctx, rounds, args.quick)?;
+        println!("{}", threads::render(&many));
+        return write_doc(
+            &dir,
+            json!({"machine": stats::machine(), "many_threads": many}),
+        );
+    }
     let configs: Vec<Config> = CONFIGS
         .into_iter()
         .filter(|c| *c != Config::Runqlat || ctx.runqlat.is_some())
@@ -421,11 +442,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut all = ctx.bench_cmd();
     all[2] = format!("0-{}", n - 1);
-    let high_rate = tracer_part(&tracer_run(&ctx, &[], &all)?.0);
+    let high_rate = stats::tracer_part(&tracer_run(&ctx, &[], &all)?.0);
     // With a trace file every state change goes through the ring buffer, not only the
     // switch-ins the summary reads: what that costs the reader (untimed).
     let trace = dir.join("bench.trace");
-    let with_trace = tracer_part(
+    let with_trace = stats::tracer_part(
         &tracer_run(
             &ctx,
             &["--output", &trace.display().to_string()],
@@ -434,7 +455,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         .0,
     );
     let _ = std::fs::remove_file(&trace);
-    let report = stats::report(&runs_json(&runs), &configs, &stats, &high_rate, &with_trace);
+    let many = threads::many_threads(&ctx, rounds, args.quick)?;
+    let report = stats::report(
+        &stats::runs_json(&runs),
+        &configs,
+        &stats,
+        &high_rate,
+        &with_trace,
+    );
     let doc = json!({
         "machine": stats::machine(),
         "loops": loops,
@@ -442,58 +470,28 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "bench_cpu": ctx.cpus.bench,
         "observer_cpu": ctx.cpus.observer,
         "elapsed_s": started.elapsed().as_secs_f64(),
-        "runs": runs_json(&runs),
+        "runs": stats::runs_json(&runs),
         "bpf_run_stats": stats,
         "high_rate": high_rate,
         "with_trace_file": with_trace,
+        "many_threads": many,
         "report": report,
     });
+    println!(
+        "{}{}",
+        stats::render(&doc),
+        threads::render(&doc["many_threads"])
+    );
+    write_doc(&dir, doc)
+}
+
+/// Keeps the raw runs in `dir/bench-SECONDS.json`.
+fn write_doc(dir: &Path, doc: Value) -> Result<()> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let file = dir.join(format!("bench-{secs}.json"));
     std::fs::write(&file, serde_json::to_string_pretty(&doc)?)?;
-    println!("{}", stats::render(&doc));
     println!("raw runs: {}", file.display());
     Ok(())
-}
-
-fn runs_json(runs: &[Run]) -> Vec<Value> {
-    runs.iter()
-        .map(|r| {
-            json!({
-                "config": r.config.name(),
-                "round": r.round,
-                "usecs_per_op": r.usecs_per_op,
-                "tracer": r.tracer.as_ref().map(tracer_part),
-                "perf_data_bytes": r.perf_data_bytes,
-            })
-        })
-        .collect()
-}
-
-/// What the bench keeps of the tracer's document: its own cost and the event accounting.
-fn tracer_part(doc: &Value) -> Value {
-    let dur = doc["duration_ns"].as_f64().unwrap_or(0.0).max(1.0);
-    let switches: f64 = doc["threads"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .map(|t| {
-                    t["voluntary_switches"].as_f64().unwrap_or(0.0)
-                        + t["involuntary_switches"].as_f64().unwrap_or(0.0)
-                })
-                .sum()
-        })
-        .unwrap_or(0.0);
-    json!({
-        "duration_ns": doc["duration_ns"],
-        "own_cpu_ns": doc["tracer_cost"]["cpu_ns"],
-        "own_cpu_share": doc["tracer_cost"]["cpu_share"],
-        "own_peak_rss_bytes": doc["tracer_cost"]["peak_rss_bytes"],
-        "events_received": doc["events_received"],
-        "dropped_events": doc["dropped_events"],
-        "target_switches_per_s": switches * 1e9 / dur,
-        "events_per_s": doc["events_received"].as_f64().unwrap_or(0.0) * 1e9 / dur,
-    })
 }

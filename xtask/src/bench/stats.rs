@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, process::Command, time::Duration};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use super::{Config, Ctx, interrupt, median, start_observer};
+use super::{Config, Ctx, Run, interrupt, median, start_observer};
 
 /// Turns kernel.bpf_stats_enabled on for its lifetime and restores it after.
 struct StatsOn(String);
@@ -376,4 +376,44 @@ pub fn render(doc: &Value) -> String {
         );
     }
     s
+}
+
+pub fn runs_json(runs: &[Run]) -> Vec<Value> {
+    runs.iter()
+        .map(|r| {
+            json!({
+                "config": r.config.name(),
+                "round": r.round,
+                "usecs_per_op": r.usecs_per_op,
+                "tracer": r.tracer.as_ref().map(tracer_part),
+                "perf_data_bytes": r.perf_data_bytes,
+            })
+        })
+        .collect()
+}
+
+/// What the bench keeps of the tracer's document: its own cost and the event accounting.
+pub fn tracer_part(doc: &Value) -> Value {
+    let dur = doc["duration_ns"].as_f64().unwrap_or(0.0).max(1.0);
+    let switches: f64 = doc["threads"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| {
+                    t["voluntary_switches"].as_f64().unwrap_or(0.0)
+                        + t["involuntary_switches"].as_f64().unwrap_or(0.0)
+                })
+                .sum()
+        })
+        .unwrap_or(0.0);
+    json!({
+        "duration_ns": doc["duration_ns"],
+        "own_cpu_ns": doc["tracer_cost"]["cpu_ns"],
+        "own_cpu_share": doc["tracer_cost"]["cpu_share"],
+        "own_peak_rss_bytes": doc["tracer_cost"]["peak_rss_bytes"],
+        "events_received": doc["events_received"],
+        "dropped_events": doc["dropped_events"],
+        "target_switches_per_s": switches * 1e9 / dur,
+        "events_per_s": doc["events_received"].as_f64().unwrap_or(0.0) * 1e9 / dur,
+    })
 }

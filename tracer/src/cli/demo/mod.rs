@@ -165,10 +165,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             summary,
             demo: out.part,
         };
-        failures.keep(super::emit::stdout(&format!(
-            "{}\n",
-            render::json_terminal_safe(&serde_json::to_string_pretty(&report)?)
-        )));
+        failures.keep(super::emit::stdout_json(&report));
         report.summary
     } else {
         let text = render::text::render(&summary) + &part_text(&out.part, &summary);
