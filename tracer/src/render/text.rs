@@ -133,9 +133,13 @@ pub fn render(s: &Summary) -> String {
             let cpus: Vec<String> = c.limits_cpus.iter().map(|q| format!("{q:.2}")).collect();
             format!("CPU quota {} CPUs", cpus.join(" / "))
         };
+        let by = match c.throttled_by.as_deref() {
+            Some(b) if !c.path.ends_with(b) => format!(" (by the quota of {b})"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  cgroup {}: {quota}; throttled in {} of {} periods ({}), {} in all",
+            "  cgroup {}: {quota}; throttled{by} in {} of {} periods ({}), {} in all",
             c.path,
             c.throttled_periods,
             c.periods,

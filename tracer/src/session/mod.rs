@@ -215,10 +215,10 @@ pub async fn record(
                 drain(&mut probes, &mut col, &mut writer);
                 finished.extend(probes.reap_dead()?);
                 if let Some(s) = throttle.as_ref().and_then(|t| t.sample(monotonic_ns())) {
-                    throttling.push(s);
                     if let Some(w) = writer.as_mut() {
-                        w.cgroup(s);
+                        w.cgroup(s.clone());
                     }
+                    throttling.push(s);
                 }
                 if let (Ok(g), Some(w)) = (&sampler, writer.as_mut()) {
                     let polls: Vec<_> = g.polls.try_iter().collect();

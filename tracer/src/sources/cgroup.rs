@@ -41,6 +41,10 @@ pub fn version() -> CgroupVersion {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuLimit {
     pub cgroup: String,
+    /// Its directory, where its own `cpu.stat` is: a quota on an ancestor throttles the
+    /// whole subtree, and only the ancestor's counters show it.
+    #[serde(default)]
+    pub dir: PathBuf,
     pub quota_us: u64,
     pub period_us: u64,
     /// quota / period: how many CPUs' worth of time per period.
@@ -61,6 +65,9 @@ pub struct CpuCgroup {
     pub version: CgroupVersion,
     /// The target's cgroup directory with the cpu controller.
     pub path: PathBuf,
+    /// Its path in the hierarchy, as /proc/PID/cgroup names it.
+    #[serde(default)]
+    pub name: String,
     /// Limits set on it or on an ancestor (the smallest one binds).
     pub limits: Vec<CpuLimit>,
     pub throttling: Option<Throttling>,
@@ -141,6 +148,7 @@ fn limit_at(dir: &Path, version: CgroupVersion, name: &str) -> Option<CpuLimit> 
     };
     Some(CpuLimit {
         cgroup: name.to_string(),
+        dir: dir.to_path_buf(),
         quota_us: quota,
         period_us: period,
         cpus: quota as f64 / period.max(1) as f64,
@@ -183,22 +191,28 @@ pub fn cpu_cgroup(pid: u32) -> Option<CpuCgroup> {
     Some(CpuCgroup {
         version,
         path,
+        name,
         limits,
         throttling,
     })
 }
 
-/// The target cgroup's throttling counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The target cgroup's throttling counters at one moment, and those of every cgroup with a
+/// limit on its path to the root (in the order of `CpuCgroup::limits`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupSample {
     pub t_ns: u64,
     #[serde(flatten)]
     pub throttling: Throttling,
+    #[serde(default)]
+    pub limited: Vec<Throttling>,
 }
 
-/// Reads the target cgroup's `cpu.stat` on demand: the throttling series of a recording.
+/// Reads the `cpu.stat` of the target's cgroup and of each limited ancestor on demand: the
+/// throttling series of a recording.
 pub struct ThrottleProbe {
     stat: PathBuf,
+    limited: Vec<PathBuf>,
     pub cgroup: CpuCgroup,
 }
 
@@ -206,13 +220,28 @@ impl ThrottleProbe {
     pub fn new(pid: u32) -> Option<Self> {
         let cgroup = cpu_cgroup(pid)?;
         let stat = cgroup.path.join("cpu.stat");
-        stat.exists().then_some(Self { stat, cgroup })
+        let limited = cgroup
+            .limits
+            .iter()
+            .map(|l| l.dir.join("cpu.stat"))
+            .collect();
+        stat.exists().then_some(Self {
+            stat,
+            limited,
+            cgroup,
+        })
     }
 
     pub fn sample(&self, t_ns: u64) -> Option<CgroupSample> {
         Some(CgroupSample {
             t_ns,
             throttling: parse_cpu_stat(&read(&self.stat)?),
+            // A cgroup that went away reads as never throttled.
+            limited: self
+                .limited
+                .iter()
+                .map(|p| read(p).map(|s| parse_cpu_stat(&s)).unwrap_or_default())
+                .collect(),
         })
     }
 }

@@ -264,15 +264,23 @@ fn throttle_evidence(s: &Summary) -> String {
     let Some(c) = &s.cgroup else {
         return String::new();
     };
+    // The cgroup whose quota did it, which may be an ancestor of the target's.
+    let by = c.throttled_by.as_deref();
     let quota = c
-        .limits_cpus
+        .limits
         .iter()
-        .copied()
-        .reduce(f64::min)
+        .find(|l| Some(l.cgroup.as_str()) == by)
+        .map(|l| l.cpus)
+        .or_else(|| c.limits_cpus.iter().copied().reduce(f64::min))
         .map_or(String::new(), |q| format!(", quota {q:.2} CPUs"));
+    let whose = match by {
+        Some(b) if !c.path.ends_with(b) => {
+            format!("cgroup {b} (an ancestor of the target's {})", c.path)
+        }
+        _ => format!("cgroup {}", c.path),
+    };
     format!(
-        "cgroup {} throttled in {} of {} periods ({}){quota}",
-        c.path,
+        "{whose} throttled in {} of {} periods ({}){quota}",
         c.throttled_periods,
         c.periods,
         ms(c.throttled_ns as f64)

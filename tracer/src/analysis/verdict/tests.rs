@@ -242,11 +242,13 @@ fn throttled_cgroup(rec: &mut Recording) {
             nr_throttled: n * 5,
             throttled_ns: n * 40 * MS,
         },
+        limited: vec![],
     };
     rec.cgroup = Some(CgroupRecording {
         cgroup: CpuCgroup {
             version: CgroupVersion::V2,
             path: "/sys/fs/cgroup/server".into(),
+            name: "/server".into(),
             limits: vec![],
             throttling: None,
         },
