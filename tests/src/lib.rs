@@ -23,6 +23,36 @@ pub fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A child killed and reaped when dropped, with its process group when it leads one, so that
+/// no test leaves a busy process behind, even when it fails.
+pub struct Kill(pub Child);
+
+impl Kill {
+    /// Spawns `cmd` as the leader of a process group of its own: what it forks (a shell's `&`
+    /// children) is killed with it.
+    pub fn group(cmd: &mut Command) -> Kill {
+        use std::os::unix::process::CommandExt;
+        Kill(
+            cmd.process_group(0)
+                .spawn()
+                .expect("spawning a test process"),
+        )
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a process group; ESRCH when the child leads none, harmless.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `target/<profile>/`, where cargo puts the workspace's binaries.
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

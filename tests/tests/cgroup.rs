@@ -6,7 +6,7 @@ use std::{
     process::Command,
 };
 
-use tracer_tests::{require_root, run_tracer, serial, u};
+use tracer_tests::{Kill, require_root, run_tracer, serial, u};
 
 /// The hierarchy with the cpu controller: cgroup v2's root, or v1's cpu mount.
 fn cpu_root() -> (PathBuf, bool) {
@@ -61,15 +61,6 @@ impl Drop for Nested {
             }
             let _ = std::fs::remove_dir(dir);
         }
-    }
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -10,23 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_tests::{Tracer, require_root, run_tracer, serial, tracer_bin};
+use tracer_tests::{Kill, Tracer, require_root, run_tracer, serial, tracer_bin};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tracer-out-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A child killed and reaped when dropped.
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn sleeper() -> Kill {

@@ -7,30 +7,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_tests::{Tracer, attach_json, require_root, run_tracer, serial, tracer_bin, u};
+use tracer_tests::{Kill, Tracer, attach_json, require_root, run_tracer, serial, tracer_bin, u};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tracer-rel-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A child killed and reaped when dropped, so that no test leaves a busy process behind,
-/// even when it fails.
-struct Kill(std::process::Child);
-
-impl Kill {
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn spawn(cmd: &mut Command) -> Kill {

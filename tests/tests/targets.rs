@@ -9,18 +9,8 @@ use std::{
 };
 
 use tracer_tests::{
-    Testload, require_root, run_tracer, serial, snapshot, thread_json, tracer_bin, u,
+    Kill, Testload, require_root, run_tracer, serial, snapshot, thread_json, tracer_bin, u,
 };
-
-/// A child killed and reaped when dropped.
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A shell that renames itself to `name` (raw bytes, through /proc/self/comm) and then wakes
 /// every 10 ms: a traced thread with that name.

@@ -76,6 +76,9 @@ pub struct Config {
     pub task_exec_off: u32,
     pub task_nvcsw_off: u32,
     pub task_nivcsw_off: u32,
+    /// `task_struct.real_parent` (a preemptor's parent, a fork's parent process), from BTF;
+    /// 0 when unknown.
+    pub task_real_parent_off: u32,
     /// Classic sched_process_exec record: `pid`, `old_pid`.
     pub exec_pid_off: u32,
     pub exec_old_pid_off: u32,
@@ -121,6 +124,7 @@ impl Config {
             upid_ns_off: 0,
             pidns_inum_off: 0,
             task_counts: 0,
+            task_real_parent_off: 0,
             task_exec_off: 0,
             task_nvcsw_off: 0,
             task_nivcsw_off: 0,

@@ -33,6 +33,7 @@ mod pod {
     unsafe impl aya::Pod for super::CounterSlice {}
     unsafe impl aya::Pod for super::CudaThread {}
     unsafe impl aya::Pod for super::PidNsIds {}
+    unsafe impl aya::Pod for super::ChildProcess {}
     unsafe impl aya::Pod for super::BatchBuf {}
 }
 
@@ -46,12 +47,13 @@ mod tests {
         assert_eq!(core::mem::size_of::<Event>(), 32);
         assert_eq!(core::mem::size_of::<CpuWait>(), 24);
         assert_eq!(core::mem::size_of::<MigrationKey>(), 16);
-        assert_eq!(core::mem::size_of::<Preemptor>(), 40);
+        assert_eq!(core::mem::size_of::<Preemptor>(), 56);
+        assert_eq!(core::mem::size_of::<ChildProcess>(), 32);
         assert_eq!(
             core::mem::size_of::<ThreadStats>(),
             4 + 4 + 16 + 4 + 4 + 8 * 18 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 42 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 43 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 48);

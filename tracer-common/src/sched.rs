@@ -181,6 +181,27 @@ pub struct Preemptor {
     pub wait_ns: u64,
     /// Number of times it was switched out while target threads waited.
     pub slices: u64,
+    /// Its parent's TGID (`real_parent`), when the programs can read it (0: unknown): with its
+    /// cgroup, what groups neighbours made of several processes (stress-ng's workers, a shell
+    /// loop's children) into one.
+    pub ppid: u32,
+    pub _pad: u32,
+    /// Its cgroup (v2 id, `bpf_get_current_cgroup_id`; the cgroup directory's inode).
+    pub cgroup_id: u64,
+}
+
+/// Processes the target started (and theirs), which its TGID filter does not trace.
+pub const MAX_CHILDREN: u32 = 4096;
+
+/// A process forked by the target or by one of its descendants during the recording.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ChildProcess {
+    /// The process that forked it.
+    pub parent: u32,
+    pub _pad: u32,
+    pub created_ns: u64,
+    pub comm: [u8; COMM_LEN],
 }
 
 /// Per-CPU bookkeeping of target threads waiting in that CPU's run queue.

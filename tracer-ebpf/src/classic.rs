@@ -126,13 +126,17 @@ pub fn sched_migrate_task_tp(ctx: TracePointContext) -> u32 {
 /// new task is a thread of the parent's process (sched_process_fork's record does not).
 #[tracepoint(category = "task", name = "task_newtask")]
 pub fn task_newtask_tp(ctx: TracePointContext) -> u32 {
+    let flags = unsafe { ctx.read_at::<u64>(config!(newtask_flags_off) as usize) }.unwrap_or(0);
+    if flags & CLONE_THREAD == 0 {
+        // A new process: the target's child, or a descendant's?
+        let tid = read_u32(&ctx, config!(newtask_pid_off));
+        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+        sched::on_process_fork(tid, parent, field(&ctx, config!(newtask_comm_off)));
+        return 0;
+    }
     let Some(parent) = current_is_target() else {
         return 0;
     };
-    let flags = unsafe { ctx.read_at::<u64>(config!(newtask_flags_off) as usize) }.unwrap_or(0);
-    if flags & CLONE_THREAD == 0 {
-        return 0;
-    }
     let tid = read_u32(&ctx, config!(newtask_pid_off));
     let _ = TARGET_TIDS.insert(tid, 1, 0);
     sched::on_thread_new(tid, parent, field(&ctx, config!(newtask_comm_off)));

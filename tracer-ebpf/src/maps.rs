@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use tracer_common::{
-    BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, Config, Counter, CpuWait, CudaThread,
-    Event, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS, MigrationKey, Preemptor,
-    THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters, ThreadStats,
+    BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, ChildProcess, Config, Counter, CpuWait,
+    CudaThread, Event, MAX_CHILDREN, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS,
+    MigrationKey, Preemptor, THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters, ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -48,6 +48,10 @@ pub static THREAD_TEMPLATE: PerCpuArray<ThreadStats> = PerCpuArray::with_max_ent
 /// Who ran while target threads waited for a CPU, keyed by TID.
 #[map]
 pub static PREEMPTORS: HashMap<u32, Preemptor> = HashMap::with_max_entries(MAX_PREEMPTORS, 0);
+
+/// Processes the target forked, and theirs, keyed by their TGID (tracer-ebpf `on_fork`).
+#[map]
+pub static CHILDREN: HashMap<u32, ChildProcess> = HashMap::with_max_entries(MAX_CHILDREN, 0);
 
 /// Migration routes of target threads, with counts.
 #[map]

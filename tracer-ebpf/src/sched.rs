@@ -8,17 +8,18 @@
 //! is a change of CPU in `set_task_cpu`, whose tracepoint also fires when the CPU stays the same.
 
 use aya_ebpf::helpers::{
-    bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, generated,
+    bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
+    generated,
 };
 use tracer_common::{
-    COMM_LEN, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED, FLAG_EXITED,
-    FLAG_MOVED, FLAG_SEEN, MigrationKey, Preemptor, RUNQ_HIST_SLOTS, ThreadState, ThreadStats,
-    WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    COMM_LEN, ChildProcess, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED,
+    FLAG_EXITED, FLAG_MOVED, FLAG_SEEN, MigrationKey, Preemptor, RUNQ_HIST_SLOTS, ThreadState,
+    ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
 };
 
 use crate::maps::{
-    Batch, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, add, config,
-    count, emit,
+    Batch, CHILDREN, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, add,
+    config, count, emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -303,17 +304,61 @@ fn charge(owed: u64, pid: u32, tgid: u32) {
         p.slices += 1;
         return;
     }
+    // Once per preemptor: two helper calls and two reads are nothing here.
     let mut p = Preemptor {
         pid,
         tgid,
         comm: [0; COMM_LEN],
         wait_ns: owed,
         slices: 1,
+        ppid: current_parent(),
+        _pad: 0,
+        cgroup_id: unsafe { generated::bpf_get_current_cgroup_id() },
     };
     read_comm(&mut p.comm, Comm::Current);
     if PREEMPTORS.insert(pid, p, BPF_NOEXIST).is_err() {
         count(Counter::PreemptorMapFull);
     }
+}
+
+/// `current->real_parent->tgid`, or 0 where the offsets are unknown (no BTF).
+#[inline(always)]
+fn current_parent() -> u32 {
+    if config!(task_real_parent_off) == 0 {
+        return 0;
+    }
+    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
+    let parent: *const u8 = unsafe {
+        bpf_probe_read_kernel(
+            task.wrapping_add(config!(task_real_parent_off) as usize)
+                .cast(),
+        )
+    }
+    .unwrap_or(core::ptr::null());
+    if parent.is_null() {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel(parent.wrapping_add(config!(task_tgid_off) as usize).cast()) }
+        .unwrap_or(0)
+}
+
+/// A fork that made a new process (`child`, its TGID) of `parent`: kept when the parent is the
+/// target or a process it forked. The programs filter on the target's TGID, so these are not
+/// traced; the summary says so, and names them, and their preemption of the target as its
+/// own children's.
+#[inline(always)]
+pub fn on_process_fork(child: u32, parent: u32, comm: Comm) {
+    if parent != config!(target_tgid) && CHILDREN.get_ptr(parent).is_none() {
+        return;
+    }
+    let mut c = ChildProcess {
+        parent,
+        _pad: 0,
+        created_ns: unsafe { bpf_ktime_get_ns() },
+        comm: [0; COMM_LEN],
+    };
+    read_comm(&mut c.comm, comm);
+    let _ = CHILDREN.insert(child, c, BPF_NOEXIST);
 }
 
 #[inline(always)]

@@ -137,15 +137,18 @@ pub fn sched_migrate_task_btf(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// sched_process_fork(struct task_struct *parent, struct task_struct *child): a new thread of
-/// the target has the target's TGID.
+/// the target has the target's TGID; a new process has a TGID of its own (its PID).
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
     let child: *const u8 = ctx.arg(1);
-    if !is_target(tgid_of(child)) {
-        return 0;
-    }
+    let child_tgid = tgid_of(child);
     let parent: *const u8 = ctx.arg(0);
-    sched::on_thread_new(pid_of(child), pid_of(parent), comm_of(child));
+    if is_target(child_tgid) {
+        sched::on_thread_new(pid_of(child), pid_of(parent), comm_of(child));
+    } else if pid_of(child) == child_tgid {
+        // A new process: the target's child, or a descendant's?
+        sched::on_process_fork(child_tgid, tgid_of(parent), comm_of(child));
+    }
     0
 }
 

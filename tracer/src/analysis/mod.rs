@@ -3,6 +3,7 @@
 pub mod cgroup;
 pub mod counters;
 pub mod gpu;
+pub mod neighbours;
 pub mod preemptors;
 pub mod quantiles;
 pub mod requests;

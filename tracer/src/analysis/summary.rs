@@ -74,6 +74,12 @@ pub struct Summary {
     pub preemptors: Vec<PreemptorSummary>,
     /// The same, added up per process.
     pub preemptor_processes: Vec<PreemptorProcess>,
+    /// The same, grouped into neighbours (a cgroup of their own, or one command and parent;
+    /// the target's own threads; its child processes): what the verdict ranks.
+    pub neighbours: Vec<super::neighbours::Neighbour>,
+    /// The target's child processes (and theirs): not traced, so their own scheduling is not
+    /// in this document; trace them with their own PID.
+    pub untraced_children: Vec<crate::recording::ChildRecord>,
     pub migration_routes: Vec<RouteSummary>,
     /// The tool's PID namespace, when it ran inside one (a container). Every ID in this
     /// document is the kernel's, as the host numbers them (and as NVML and the host's tools
@@ -370,6 +376,7 @@ pub fn summarize(rec: &Recording) -> Summary {
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
     threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
     let (preemptors, preemptor_processes) = preemptors::summarize(rec);
+    let neighbours = super::neighbours::group(rec, &preemptors);
     let mut migration_routes: Vec<RouteSummary> = rec
         .migration_routes
         .iter()
@@ -424,7 +431,9 @@ pub fn summarize(rec: &Recording) -> Summary {
         cuda: cuda_summary(rec, &threads),
         threads,
         preemptors,
+        neighbours,
         preemptor_processes,
+        untraced_children: rec.children.clone(),
         migration_routes,
         pid_namespace: None,
     };
@@ -456,6 +465,7 @@ mod tests {
                     process_comm: Some("hog".into()),
                     wait_ns: 2_000,
                     slices: 3,
+                    ..Default::default()
                 },
                 PreemptorRecord {
                     pid: 8,
@@ -464,6 +474,7 @@ mod tests {
                     process_comm: Some("hog".into()),
                     wait_ns: 1_000,
                     slices: 3,
+                    ..Default::default()
                 },
                 PreemptorRecord {
                     pid: 2,
@@ -472,6 +483,7 @@ mod tests {
                     process_comm: Some("server".into()),
                     wait_ns: 1_000,
                     slices: 1,
+                    ..Default::default()
                 },
             ],
         );

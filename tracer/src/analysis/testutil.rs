@@ -70,5 +70,7 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         timeline: Default::default(),
         pid_namespace: None,
         proc_counts: None,
+        children: vec![],
+        target_cgroup: None,
     }
 }

@@ -2,6 +2,7 @@
 //! the sources. Assembly is pure: the kernel's per-thread totals and the window edges in, closed
 //! per-thread accounts out.
 
+pub mod children;
 pub mod collect;
 pub mod counters;
 pub mod gpu;
@@ -116,7 +117,7 @@ impl ThreadRecord {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PreemptorRecord {
     pub pid: u32,
     pub tgid: u32,
@@ -126,6 +127,29 @@ pub struct PreemptorRecord {
     /// Run-queue waiting of the target's threads while this task ran (ns).
     pub wait_ns: u64,
     pub slices: u64,
+    /// Its parent process, when known (the kernel side reads it at the first slice; else
+    /// /proc at the end).
+    #[serde(default)]
+    pub ppid: Option<u32>,
+    /// Its cgroup (in the v2 hierarchy), when known.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+}
+
+/// A process the target forked, or one of its descendants: not traced (the programs follow
+/// the target's TGID), and named in the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ChildRecord {
+    pub pid: u32,
+    /// The process that forked it.
+    pub parent: u32,
+    pub comm: String,
+    /// When it was forked, if inside the window (None: it existed at the start).
+    pub created_ns: Option<u64>,
+    pub alive_at_end: bool,
+    /// Its CPU time over the window (all its threads, /proc), when it was alive at both ends
+    /// or born inside the window.
+    pub cpu_ns: Option<u64>,
 }
 
 /// The tracer's own cost over the window, every thread of its process, user and system time
@@ -204,6 +228,12 @@ pub struct Recording {
     /// The threads' own counters at both ends of the window (for the self-check).
     #[serde(default)]
     pub proc_counts: Option<ProcWindow>,
+    /// The target's child processes (and theirs), which were not traced.
+    #[serde(default)]
+    pub children: Vec<ChildRecord>,
+    /// The target's cgroup in the v2 hierarchy (what preemptors' cgroups are compared with).
+    #[serde(default)]
+    pub target_cgroup: Option<String>,
 }
 
 /// A thread's own counters as the kernel keeps them (/proc/PID/task/TID/schedstat and

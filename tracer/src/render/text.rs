@@ -248,22 +248,32 @@ pub fn render(s: &Summary) -> String {
     } else {
         let _ = writeln!(
             out,
-            "\nTop preemptors (what ran while the target's threads waited for a CPU):"
+            "\nTop preemptors (what ran while the target's threads waited for a CPU), grouped \
+             into neighbours:"
         );
-        let mut pt = table(&["PID", "PROCESS", "THREADS", "WAIT CAUSED", "SHARE"]);
-        for p in s.preemptor_processes.iter().take(MAX_PREEMPTOR_ROWS) {
-            let mut name = printable(&p.comm).into_owned();
-            if p.same_process {
-                name.push_str(" (the target itself)");
-            } else if p.tgid == 0 && p.comm == crate::analysis::summary::IDLE {
-                name.push_str(" (no task ran: cgroup throttled, or a slow wakeup)");
+        let mut pt = table(&["PIDS", "NEIGHBOUR", "THREADS", "WAIT CAUSED", "SHARE"]);
+        for n in s.neighbours.iter().take(MAX_PREEMPTOR_ROWS) {
+            use crate::analysis::neighbours::NeighbourKind as K;
+            let name = printable(&n.name);
+            let name = match n.kind {
+                K::Target => format!("{name} (the target itself)"),
+                K::Children => "its own child processes (not traced)".to_string(),
+                K::Cgroup => format!("cgroup {name}"),
+                K::Idle => format!("{name} (no task ran: cgroup throttled, or a slow wakeup)"),
+                K::Command if n.process_count > 1 => format!("{name} (one parent's)"),
+                K::Command | K::Process => name.into_owned(),
+            };
+            let mut pids: Vec<String> =
+                n.processes.iter().take(3).map(|p| s.shown_id(*p)).collect();
+            if n.process_count > 3 {
+                pids.push(format!("+{}", n.process_count - 3));
             }
             pt.add_row(vec![
-                s.shown_id(p.tgid),
+                pids.join(","),
                 name,
-                p.threads.to_string(),
-                dur(p.wait_ns),
-                pct(p.wait_share),
+                n.threads.to_string(),
+                dur(n.wait_ns),
+                pct(n.wait_share),
             ]);
         }
         let _ = writeln!(out, "{pt}");

@@ -9,14 +9,19 @@ use super::target_meta;
 use crate::{
     recording::{
         CgroupRecording, CudaTotals, EndReason, HostMeta, MigrationRoute, PreemptorRecord,
-        Recording, ThreadInputs, assemble_threads, collect::Collector, comm_string,
-        counters::CounterTotals, gpu::GpuRecording,
+        Recording, ThreadInputs, assemble_threads,
+        children::{ChildSnapshot, Forked, child_records},
+        collect::Collector,
+        comm_string,
+        counters::CounterTotals,
+        gpu::GpuRecording,
     },
     sources::{
+        cgroup::{cgroup2_of, cgroup2_paths},
         ebpf::{Reaped, SchedProbes},
         host::{self, Capabilities, GpuCapability},
         perf::Capability,
-        process::{Target, ThreadInfo, comm_of},
+        process::{Target, ThreadInfo, comm_of, process_stat},
     },
 };
 
@@ -34,6 +39,8 @@ pub struct Ended {
     pub cgroup: Option<CgroupRecording>,
     pub host: HostMeta,
     pub proc_counts: crate::recording::ProcWindow,
+    /// The target's descendants as /proc showed them at the start and at the end.
+    pub children: (Vec<ChildSnapshot>, Vec<ChildSnapshot>),
 }
 
 fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
@@ -59,10 +66,14 @@ fn gpm_capability(gpu: Option<&GpuRecording>) -> Capability {
 /// up once per process: every thread of a process can be a preemptor (the target's, of their
 /// siblings), and a lookup per thread, each making the kernel walk all the process's threads
 /// (/proc/TGID/stat), took 26 s after a 3 s window at 20,000 threads (issue 13).
+/// `cgroups`: the v2 cgroups' paths by id; `parent`: a process's parent from /proc, for the
+/// preemptors whose parent the kernel side could not read (classic tracepoints).
 fn preemptor_records(
     kernel: Vec<Preemptor>,
     threads: &[ThreadStats],
     mut process_name: impl FnMut(u32) -> Option<String>,
+    cgroups: &BTreeMap<u64, String>,
+    mut parent: impl FnMut(u32) -> Option<u32>,
 ) -> Vec<PreemptorRecord> {
     let mut names: HashMap<u32, Option<String>> = HashMap::new();
     let mut name_of = |tgid: u32| {
@@ -71,6 +82,7 @@ fn preemptor_records(
             .or_insert_with(|| process_name(tgid))
             .clone()
     };
+    let mut parents: HashMap<u32, Option<u32>> = HashMap::new();
     let mut out: Vec<PreemptorRecord> = kernel
         .into_iter()
         .map(|p| PreemptorRecord {
@@ -80,6 +92,12 @@ fn preemptor_records(
             process_comm: name_of(p.tgid),
             wait_ns: p.wait_ns,
             slices: p.slices,
+            ppid: match p.ppid {
+                0 if p.tgid != 0 => *parents.entry(p.tgid).or_insert_with(|| parent(p.tgid)),
+                0 => None,
+                ppid => Some(ppid),
+            },
+            cgroup: cgroups.get(&p.cgroup_id).cloned(),
         })
         .collect();
     // The target's own threads are charged in their thread entries (tracer-ebpf `on_switch`).
@@ -94,9 +112,24 @@ fn preemptor_records(
                 process_comm: name_of(t.tgid),
                 wait_ns: t.caused_wait_ns,
                 slices: t.caused_slices,
+                ..Default::default()
             }),
     );
     out
+}
+
+/// The processes the kernel side saw the target (or its descendants) fork.
+fn forked(probes: &SchedProbes) -> Result<Vec<Forked>> {
+    Ok(probes
+        .children()?
+        .into_iter()
+        .map(|(pid, c)| Forked {
+            pid,
+            parent: c.parent,
+            comm: comm_string(&c.comm),
+            created_ns: c.created_ns,
+        })
+        .collect())
 }
 
 /// Reads the kernel maps and joins everything into the recording.
@@ -122,9 +155,22 @@ pub fn recording(
         .chain(finished.cuda.iter())
         .map(|(tid, c)| (*tid, CudaTotals::from(c)))
         .collect();
-    let preemptors = preemptor_records(probes.preemptors()?, &kernel, |tgid| {
-        target.proc_pid_of(tgid).and_then(comm_of)
-    });
+    let kernel_preemptors = probes.preemptors()?;
+    let ids = kernel_preemptors
+        .iter()
+        .map(|p| p.cgroup_id)
+        .filter(|&i| i != 0)
+        .collect();
+    let preemptors = preemptor_records(
+        kernel_preemptors,
+        &kernel,
+        |tgid| target.proc_pid_of(tgid).and_then(comm_of),
+        &cgroup2_paths(&ids),
+        |tgid| {
+            let ppid = process_stat(target.proc_pid_of(tgid)?)?.0;
+            target.host_tid(ppid)
+        },
+    );
     let migration_routes = probes
         .migrations()?
         .into_iter()
@@ -184,6 +230,8 @@ pub fn recording(
         timeline: Default::default(),
         pid_namespace: None,
         proc_counts: Some(w.proc_counts),
+        children: child_records(&w.children.0, &w.children.1, &forked(probes)?),
+        target_cgroup: cgroup2_of(target.proc_pid),
     };
     rec.pid_namespace = target
         .namespace_ids()
@@ -203,6 +251,10 @@ mod tests {
             comm: *b"other\0\0\0\0\0\0\0\0\0\0\0",
             wait_ns: 10,
             slices: 1,
+            // Classic tracepoints: the parent unknown to the kernel side; cgroup 9.
+            ppid: 0,
+            _pad: 0,
+            cgroup_id: 9,
         }
     }
 
@@ -221,10 +273,25 @@ mod tests {
             .chain([ThreadStats::new(2000, 7)])
             .collect();
         let mut lookups: Vec<u32> = Vec::new();
-        let records = preemptor_records(kernel, &threads, |tgid| {
-            lookups.push(tgid);
-            (tgid != 60).then(|| format!("proc{tgid}"))
-        });
+        let cgroups = BTreeMap::from([(9, "/other.slice".to_string())]);
+        let mut parents = 0;
+        let records = preemptor_records(
+            kernel,
+            &threads,
+            |tgid| {
+                lookups.push(tgid);
+                (tgid != 60).then(|| format!("proc{tgid}"))
+            },
+            &cgroups,
+            |_| {
+                parents += 1;
+                Some(1)
+            },
+        );
+        assert_eq!(
+            parents, 2,
+            "a parent looked up once per process, where the kernel had none"
+        );
         assert_eq!(lookups.len(), 3, "one lookup per process, not per thread");
         lookups.sort();
         assert_eq!(lookups, [7, 50, 60]);

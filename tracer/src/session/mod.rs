@@ -154,6 +154,7 @@ pub async fn record(
     // The threads' own counts, as near the window's start as can be: the self-check
     // compares the recording with what they add up to over the window.
     let (counts_start, left_out) = target.thread_counts(SELF_CHECK_THREADS);
+    let children_start = target.children();
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = target.threads();
     let bin_ns = opts.bin.as_nanos() as u64;
@@ -251,6 +252,7 @@ pub async fn record(
     probes.detach_sched();
     let end = monotonic_ns();
     let (counts_end, _) = target.thread_counts(SELF_CHECK_THREADS);
+    let children_end = target.children();
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_uprobes();
@@ -296,6 +298,7 @@ pub async fn record(
             end: counts_end,
             left_out,
         },
+        children: (children_start, children_end),
     };
     let mut rec = assemble::recording(target, &mut probes, col, ended)?;
     let (cpu, rss) = process::own_usage();

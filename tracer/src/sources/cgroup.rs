@@ -2,7 +2,10 @@
 //! `cpu.stat`) and v1 (`cpu.cfs_quota_us`, `cpu.cfs_period_us`, `cpu.stat`). Hosts differ: our
 //! CPU machine is hybrid with the cpu controller on v1, the GPU machine pure v2.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -195,6 +198,60 @@ pub fn cpu_cgroup(pid: u32) -> Option<CpuCgroup> {
         limits,
         throttling,
     })
+}
+
+/// Where the v2 (unified) hierarchy is mounted: the root on v2, `unified` beside v1's
+/// controllers on a hybrid host. `bpf_get_current_cgroup_id` gives a task's cgroup there.
+pub fn unified_root() -> Option<PathBuf> {
+    match version() {
+        CgroupVersion::V2 => Some(PathBuf::from(CGROUP_ROOT)),
+        CgroupVersion::Hybrid => Some(Path::new(CGROUP_ROOT).join("unified")),
+        CgroupVersion::V1 => None,
+    }
+}
+
+/// The v2 cgroup of `pid` ("/user.slice/..."), from the "0::" line of /proc/PID/cgroup.
+pub fn cgroup2_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// The paths of the v2 cgroups with these ids: a cgroup's id is its directory's inode
+/// (kernfs), so the hierarchy is walked once and each directory's inode looked up. At most
+/// `MAX_CGROUP_DIRS` directories are visited.
+pub fn cgroup2_paths(ids: &BTreeSet<u64>) -> BTreeMap<u64, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    const MAX_CGROUP_DIRS: usize = 100_000;
+    let mut out = BTreeMap::new();
+    let Some(root) = unified_root() else {
+        return out;
+    };
+    let mut stack = vec![root.clone()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        seen += 1;
+        if seen > MAX_CGROUP_DIRS || out.len() == ids.len() {
+            break;
+        }
+        if let Ok(m) = std::fs::metadata(&dir)
+            && ids.contains(&m.ino())
+        {
+            let rel = dir.strip_prefix(&root).unwrap_or(&dir);
+            out.insert(m.ino(), format!("/{}", rel.display()));
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        stack.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    out
 }
 
 /// The target cgroup's throttling counters at one moment, and those of every cgroup with a

@@ -9,7 +9,7 @@ use std::{
 use procfs::process::Process;
 
 use super::pidns::{self, PidNamespace};
-use crate::recording::ProcCounts;
+use crate::recording::{ProcCounts, children::ChildSnapshot};
 
 use crate::error::TracerError;
 
@@ -295,6 +295,21 @@ impl Target {
         (out, more)
     }
 
+    /// The processes descended from it now, by the kernel's PIDs, as /proc shows them.
+    pub fn children(&self) -> Vec<ChildSnapshot> {
+        descendants(self.proc_pid)
+            .into_iter()
+            .filter_map(|(pid, parent, comm, cpu_ns)| {
+                Some(ChildSnapshot {
+                    pid: self.host_tid(pid)?,
+                    parent: self.host_tid(parent)?,
+                    comm,
+                    cpu_ns,
+                })
+            })
+            .collect()
+    }
+
     /// True while the process has a thread that has not exited.
     pub fn alive(&self) -> bool {
         has_live_thread(self.proc_pid)
@@ -316,6 +331,47 @@ pub fn comm_of(pid: u32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
     let name = raw.strip_suffix(b"\n").unwrap_or(&raw);
     Some(String::from_utf8_lossy(name).into_owned())
+}
+
+/// `pid`'s parent, name and CPU time so far (user + system, all its threads), from
+/// /proc/PID/stat (clock ticks, USER_HZ).
+pub fn process_stat(pid: u32) -> Option<(u32, String, u64)> {
+    let s = Process::new(pid as i32).ok()?.stat().ok()?;
+    // SAFETY: sysconf has no side effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let cpu_ns = (s.utime + s.stime) * 1_000_000_000 / hz;
+    Some((s.ppid as u32, s.comm, cpu_ns))
+}
+
+/// Every process whose parent chain leads to `pid`, with its parent, name and CPU time so far:
+/// one pass over /proc.
+pub fn descendants(pid: u32) -> Vec<(u32, u32, String, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let all: BTreeMap<u32, (u32, String, u64)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| Some((p, process_stat(p)?)))
+        .collect();
+    let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (&p, (ppid, _, _)) in &all {
+        kids.entry(*ppid).or_default().push(p);
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    let mut seen = std::collections::BTreeSet::from([pid]);
+    while let Some(p) = todo.pop() {
+        for &c in kids.get(&p).into_iter().flatten() {
+            if !seen.insert(c) {
+                continue;
+            }
+            let (ppid, comm, cpu) = all[&c].clone();
+            out.push((c, ppid, comm, cpu));
+            todo.push(c);
+        }
+    }
+    out
 }
 
 /// This process's CPU time (user + system, every thread) and peak resident set, in bytes.

@@ -146,6 +146,8 @@ fn partial(
         timeline: Default::default(),
         pid_namespace: meta.pid_namespace.clone(),
         proc_counts: None,
+        children: vec![],
+        target_cgroup: None,
     }
 }
 

@@ -80,26 +80,20 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     let mut lost: Vec<Lost> = Vec::new();
 
     if contention_ns / wanted >= CONTENTION_MIN {
-        let top = super::top_preemptor(s);
-        let own = top.is_some_and(|p| p.same_process);
         lost.push(Lost {
             ns: contention_ns,
             cause: Cause {
                 cause: Primary::Scheduling,
-                mechanism: super::contention_mechanism(s, top),
+                mechanism: super::contention::mechanism(s),
                 share: 0.0,
                 evidence: format!(
                     "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {:.1} s){}",
                     pct(contention_ns / wanted, ""),
                     ms(contention_ns),
                     secs,
-                    top.map_or(String::new(), |p| format!("; {} caused {} of the waiting", printable(&p.comm), pct(p.wait_share, "")))
+                    super::contention::caused(s, "")
                 ),
-                advice: if own {
-                    "Run fewer busy threads than the CPUs the server has (thread pools, OMP_NUM_THREADS).".into()
-                } else {
-                    "Give the server CPUs of its own (cpuset, taskset) or move the other work off them.".into()
-                },
+                advice: super::contention::advice(s),
             },
         });
     }

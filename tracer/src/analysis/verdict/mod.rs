@@ -4,13 +4,13 @@
 //! impediments the target's threads met over the window (`impediments`). The thresholds and
 //! their reasons are in docs/ATTRIBUTION.md. Pure: the summary in, the verdict out.
 
+mod contention;
 mod impediments;
 mod requests;
 
 use serde::Serialize;
 
 use super::summary::Summary;
-use crate::recording::printable;
 
 /// The cause the verdict names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -174,6 +174,42 @@ fn explain_queueing(mut causes: Vec<Cause>, window: &[Cause]) -> Vec<Cause> {
     causes
 }
 
+/// The target's child processes that worked in the window (on a CPU for 1 % of it, or of
+/// unknown CPU time), busiest first, in words.
+fn working_children(s: &Summary) -> Option<String> {
+    let mut busy: Vec<&crate::recording::ChildRecord> = s
+        .untraced_children
+        .iter()
+        .filter(|c| c.cpu_ns.is_none_or(|n| n * 100 >= s.duration_ns))
+        .collect();
+    if busy.is_empty() {
+        return None;
+    }
+    busy.sort_by_key(|c| std::cmp::Reverse(c.cpu_ns));
+    let named: Vec<String> = busy
+        .iter()
+        .take(5)
+        .map(|c| {
+            let cpu = c
+                .cpu_ns
+                .map_or(String::new(), |n| format!(", {} on a CPU", ms(n as f64)));
+            format!(
+                "PID {} ({}{cpu})",
+                s.shown_id(c.pid),
+                crate::recording::printable(&c.comm)
+            )
+        })
+        .collect();
+    Some(format!(
+        "{} child process{} of the target worked in the window untraced: {}{}; their threads' \
+         waiting is not in this verdict: trace them with -p",
+        busy.len(),
+        if busy.len() == 1 { "" } else { "es" },
+        named.join(", "),
+        if busy.len() > 5 { ", ..." } else { "" }
+    ))
+}
+
 fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
     let mut out = Vec::new();
     let mut add = |signal: &str, reason: String| {
@@ -182,6 +218,9 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
             reason,
         })
     };
+    if let Some(why) = working_children(s) {
+        add("child_processes", why);
+    }
     if !s.capabilities.pmu.llc_available {
         add(
             "cache_misses",
@@ -233,24 +272,10 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
     out
 }
 
-/// The process that caused most of the target's run-queue waiting (the migration stopper
-/// aside: that is the cost of migrations).
-pub(crate) fn top_preemptor(s: &Summary) -> Option<&super::summary::PreemptorProcess> {
-    s.preemptor_processes
-        .iter()
-        .find(|p| p.tgid != 0 && !p.comm.starts_with("migration/"))
-}
-
-fn contention_mechanism(s: &Summary, top: Option<&super::summary::PreemptorProcess>) -> String {
-    match top {
-        Some(p) if p.same_process => "run-queue contention among its own threads".into(),
-        Some(p) => format!(
-            "run-queue contention: preempted by {} (PID {})",
-            printable(&p.comm),
-            s.shown_id(p.tgid)
-        ),
-        None => "run-queue contention".into(),
-    }
+/// The neighbour that caused most of the target's run-queue waiting (idle CPUs and the
+/// migration stopper aside: those are throttling, slow wakeups and migrations).
+pub(crate) fn top_neighbour(s: &Summary) -> Option<&super::neighbours::Neighbour> {
+    contention::top(s)
 }
 
 /// Whether the target's cgroup was throttled in the window.
@@ -428,7 +453,12 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
     });
     let missing: Vec<&str> = na
         .iter()
-        .filter(|n| matches!(n.signal.as_str(), "cache_misses" | "gpu_waits"))
+        .filter(|n| {
+            matches!(
+                n.signal.as_str(),
+                "cache_misses" | "gpu_waits" | "child_processes"
+            )
+        })
         .map(|n| n.signal.as_str())
         .collect();
     let unmeasured = if missing.is_empty() {
@@ -462,7 +492,8 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
                 Some(l) if s.requests.as_ref().is_some_and(|r| r.jitter) => {
                     format!("{l}; {:.0}% of the tail excess", c.share * 100.0)
                 }
-                _ => format!("{:.0}% of the time lost", c.share * 100.0),
+                // A share of what the threads lost to the impediments found, not of their time.
+                _ => format!("{:.0}% of the time lost to impediments", c.share * 100.0),
             };
             format!(
                 "{}: {} ({scope}). {}",

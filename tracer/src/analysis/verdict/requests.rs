@@ -1,13 +1,7 @@
 //! Causes from the requests: the tail's excess over the median requests, part by part.
 
-use super::{
-    Cause, Primary, contention_mechanism, gpu_advice, gpu_mechanism, ms, pct, throttle_evidence,
-    throttled, top_preemptor,
-};
-use crate::{
-    analysis::{requests::RequestAnalysis, summary::Summary},
-    recording::printable,
-};
+use super::{Cause, Primary, gpu_advice, gpu_mechanism, ms, pct, throttle_evidence, throttled};
+use crate::analysis::{requests::RequestAnalysis, summary::Summary};
 
 /// Tail requests moved this many more times than median ones on average: their extra on-CPU
 /// time is put down to the moves (caches refilled on the new CPU) rather than left unexplained.
@@ -31,28 +25,16 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
 
     // Run-queue waits behind other tasks; who ran meanwhile is known over the window (the
     // kernel integrates it per CPU), not per request.
-    let top = top_preemptor(s);
-    let own = top.is_some_and(|p| p.same_process);
     out.push(Cause {
         cause: Primary::Scheduling,
-        mechanism: contention_mechanism(s, top),
+        mechanism: super::contention::mechanism(s),
         share: share(ex.runq_contention_ns),
         evidence: format!(
             "waiting for a CPU: {}{}",
             per(tail.mean.runq_contention_ns, median.mean.runq_contention_ns),
-            top.map_or(String::new(), |p| format!(
-                "; over the window {} caused {} of the target's waiting",
-                printable(&p.comm),
-                pct(p.wait_share, "")
-            ))
+            super::contention::caused(s, "over the window ")
         ),
-        advice: if own {
-            "Run fewer busy threads than the CPUs the server has (thread pools, OMP_NUM_THREADS)."
-                .into()
-        } else {
-            "Give the server CPUs of its own (cpuset, taskset) or move the other work off them."
-                .into()
-        },
+        advice: super::contention::advice(s),
     });
 
     // Run-queue waits that ended on an idle CPU.

@@ -201,6 +201,7 @@ fn hog(wait_ns: u64) -> PreemptorRecord {
         process_comm: Some("cpu-hog".into()),
         wait_ns,
         slices: 10,
+        ..Default::default()
     }
 }
 

@@ -429,13 +429,16 @@ pub fn outcome(
     let summary = summarize(&rec);
     let verdict = &summary.verdict;
     let interference = (verdict.primary == crate::analysis::verdict::Primary::Scheduling)
-        .then(|| crate::analysis::verdict::top_preemptor(&summary))
+        .then(|| crate::analysis::verdict::top_neighbour(&summary))
         .flatten()
-        .filter(|p| !p.same_process && !own.contains(&p.tgid))
-        .map(|p| Interference {
-            pid: p.tgid,
-            comm: p.comm.clone(),
-            wait_share: p.wait_share,
+        .filter(|n| {
+            n.kind != crate::analysis::neighbours::NeighbourKind::Target
+                && !n.processes.iter().any(|p| own.contains(p))
+        })
+        .map(|n| Interference {
+            pid: n.processes.first().copied().unwrap_or(0),
+            comm: n.name.clone(),
+            wait_share: n.wait_share,
         });
     let (expected_primary, expected_mechanism) = scenario.expected(pmu);
     Outcome {

@@ -27,6 +27,7 @@ pub struct TaskOffsets {
     pub rq_clock: Option<RqClockPath>,
     /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`.
     pub counts: Option<(u32, u32, u32)>,
+    pub real_parent: Option<u32>,
 }
 
 /// What a recording says about where its wakeup times come from.
@@ -82,6 +83,7 @@ impl TaskOffsets {
             cpu,
             rq_clock,
             counts,
+            real_parent: at(&["real_parent"]).ok(),
         })
     }
 
@@ -90,6 +92,7 @@ impl TaskOffsets {
         config.task_tgid_off = self.tgid;
         config.task_comm_off = self.comm;
         config.task_cpu_off = self.cpu;
+        config.task_real_parent_off = self.real_parent.unwrap_or(0);
         if let Some((exec, nvcsw, nivcsw)) = self.counts {
             config.task_counts = 1;
             config.task_exec_off = exec;

@@ -120,6 +120,13 @@ impl SchedProbes {
         Ok(map.iter().filter_map(|r| r.ok()).map(|(_, v)| v).collect())
     }
 
+    /// The processes the target forked during the recording, and theirs: TGID and entry.
+    pub fn children(&self) -> Result<Vec<(u32, tracer_common::ChildProcess)>> {
+        let map: HashMap<_, u32, tracer_common::ChildProcess> =
+            HashMap::try_from(self.ebpf.map("CHILDREN").context("CHILDREN map")?)?;
+        Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
     pub fn migrations(&self) -> Result<Vec<(MigrationKey, u64)>> {
         let map: HashMap<_, MigrationKey, u64> =
             HashMap::try_from(self.ebpf.map("MIGRATIONS").context("MIGRATIONS map")?)?;
