@@ -5,6 +5,8 @@
 //! executables (`cargo xtask test` builds it first). They take a global lock: they share the
 //! machine's CPUs and the kernel's tracepoints, and timing-sensitive checks must not overlap.
 
+pub mod schema;
+
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},

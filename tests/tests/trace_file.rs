@@ -16,7 +16,9 @@ use std::{
     time::Duration,
 };
 
-use tracer_tests::{Testload, Tracer, require_root, run_tracer, serial, u};
+use tracer_tests::{
+    Testload, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial, u,
+};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tracer-trace-{}-{name}", std::process::id()));
@@ -105,7 +107,7 @@ fn record_then_report_gives_the_same_document_and_every_output() {
 
     check_perfetto(&dir.join("rec.pftrace"));
     check_html(&dir.join("rec.html"));
-    validate_against_schema(&recorded);
+    assert_matches_schema(&recorded, "summary", "attach with every output");
     // Outputs from report are the same kind of files.
     let again = dir.join("again.pftrace");
     let r = run_tracer(&[
@@ -194,18 +196,6 @@ fn check_html(path: &Path) {
     assert!(
         size > 20_000,
         "the screenshot is too small to hold the charts: {size} bytes"
-    );
-}
-
-fn validate_against_schema(doc: &serde_json::Value) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/summary.schema.json");
-    let schema: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
-    let errors: Vec<String> = validator.iter_errors(doc).map(|e| e.to_string()).collect();
-    assert!(
-        errors.is_empty(),
-        "the document does not match the schema: {errors:?}"
     );
 }
 

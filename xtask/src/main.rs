@@ -44,7 +44,7 @@ enum Cmd {
     },
     /// cargo fmt --check, then clippy on the host crates and, separately, on the eBPF crate.
     Lint,
-    /// Regenerate docs/summary.schema.json from the summary's Rust types.
+    /// Regenerate docs/summary.schema.json and docs/demo.schema.json from the Rust types.
     Schema,
     /// Measure the tracer's overhead against perf sched record and bpftrace (BENCHMARKS.md).
     Bench(bench::BenchArgs),
@@ -184,21 +184,28 @@ fn lint() -> Result<()> {
     run(&mut ebpf)
 }
 
+/// The `--json` documents (`tracer schema DOCUMENT`, the tracer's `cli::Document`), each
+/// committed as docs/DOCUMENT.schema.json.
+const DOCUMENTS: [&str; 2] = ["summary", "demo"];
+
 fn schema() -> Result<()> {
     setup::ensure()?;
-    let out = cargo()
-        .args(["run", "--quiet", "-p", "tracer", "--", "schema"])
-        .output()
-        .context("running tracer schema")?;
-    if !out.status.success() {
-        bail!(
-            "tracer schema failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for doc in DOCUMENTS {
+        let out = cargo()
+            .args(["run", "--quiet", "-p", "tracer", "--", "schema", doc])
+            .output()
+            .with_context(|| format!("running tracer schema {doc}"))?;
+        if !out.status.success() {
+            bail!(
+                "tracer schema {doc} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let path = workspace_root().join(format!("docs/{doc}.schema.json"));
+        std::fs::write(&path, &out.stdout)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("xtask: wrote {}", path.display());
     }
-    let path = workspace_root().join("docs/summary.schema.json");
-    std::fs::write(&path, &out.stdout).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("xtask: wrote {}", path.display());
     Ok(())
 }
 

@@ -64,12 +64,34 @@ enum Command {
     /// The demo's disturbances: CPU hogs, a cache thrasher, a migrator.
     #[command(hide = true)]
     Disturb(workload::disturb::DisturbArgs),
-    /// Print the JSON Schema of the --json document.
+    /// Print the JSON Schema of a --json document.
     #[command(hide = true)]
-    Schema,
+    Schema {
+        #[arg(value_enum, default_value = "summary")]
+        document: Document,
+    },
     /// Empty programs on the tracer's tracepoints until Ctrl-C (the bench's floor).
     #[command(hide = true)]
     Floor,
+}
+
+/// The `--json` documents, each with its schema committed as docs/NAME.schema.json (`cargo
+/// xtask schema` writes them all, a unit test checks they are current).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Document {
+    /// The summary: attach, run and report.
+    Summary,
+    /// The summary and the scenario's outcome: demo.
+    Demo,
+}
+
+impl Document {
+    pub fn json_schema(self) -> String {
+        match self {
+            Self::Summary => render::json_schema(),
+            Self::Demo => demo::json_schema(),
+        }
+    }
 }
 
 /// How the recording is taken and shown, shared by attach, run and demo.
@@ -298,7 +320,7 @@ pub fn main() -> ExitCode {
         Command::Workload(w) => workload::server::run(w).map(|()| 0),
         Command::Disturb(d) => workload::disturb::run(d).map(|()| 0),
         Command::Floor => crate::sources::ebpf::floor::run().map(|()| 0),
-        Command::Schema => emit::stdout(&render::json_schema()).map(|()| 0),
+        Command::Schema { document } => emit::stdout(&document.json_schema()).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -342,6 +364,22 @@ mod tests {
         assert!(parse_thread_slots("0").is_err());
         assert!(parse_thread_slots("3000").is_err());
         assert!(parse_thread_slots("131072").is_err());
+    }
+
+    #[test]
+    fn the_committed_schemas_are_current() {
+        use clap::ValueEnum as _;
+        for doc in Document::value_variants() {
+            let name = doc.to_possible_value().expect("not skipped");
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../docs/{}.schema.json", name.get_name()));
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == doc.json_schema(),
+                "{} is out of date with its Rust types: regenerate it with `cargo xtask schema`",
+                path.display()
+            );
+        }
     }
 
     #[test]

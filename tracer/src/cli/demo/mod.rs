@@ -83,7 +83,7 @@ fn spawn_self(args: &[String]) -> Result<Reaped> {
     Ok(Reaped(child))
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
 pub struct LatencyStats {
     pub requests: usize,
     pub p50_ns: u64,
@@ -111,14 +111,15 @@ pub fn latency_stats(spans: &[RequestSpan], from: u64, to: u64) -> Option<Latenc
     })
 }
 
-#[derive(Debug, Serialize)]
+/// The `demo --json` document: the summary, and beside it how the scenario went.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 struct DemoReport {
     #[serde(flatten)]
     summary: Summary,
     demo: DemoPart,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DemoPart {
     pub scenario: Scenario,
     /// What the injected cause must produce.
@@ -136,12 +137,17 @@ pub struct DemoPart {
     pub interference: Option<Interference>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Interference {
     pub pid: u32,
     pub comm: String,
     /// Its share of the server's run-queue waiting.
     pub wait_share: f64,
+}
+
+/// The JSON Schema of the `demo --json` document (docs/demo.schema.json is this, committed).
+pub fn json_schema() -> String {
+    render::schema_of::<DemoReport>("tracer demo --json: the summary and the scenario's outcome")
 }
 
 /// What a scenario run produced, for printing.

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::analysis::verdict::{Primary, Verdict};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     /// Nothing injected: the baseline. Expected: none.
