@@ -130,3 +130,64 @@ fn missing_capabilities_are_named() {
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(u(&out.json()["pid"]), load.pid as u64);
 }
+
+#[test]
+fn tracefs_this_user_cannot_read_is_called_so_not_unmounted() {
+    let _guard = serial();
+    require_root();
+    // Recent kernels mount tracefs root's, mode 0700: CAP_BPF and CAP_PERFMON do not open it.
+    // (A test of its own cannot make it so: tracefs is one superblock for the whole machine.)
+    let mode = std::fs::metadata("/sys/kernel/tracing")
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
+        .expect("tracefs at /sys/kernel/tracing");
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "this test needs tracefs mode 0700, as the kernel makes it"
+    );
+    let load = Testload::spawn(&["mixed", "1"]);
+    let pid = load.pid.to_string();
+    let caps = |add: &str| {
+        [
+            "--reuid=65534".to_string(),
+            "--regid=65534".into(),
+            "--clear-groups".into(),
+            format!("--inh-caps=+bpf,+perfmon{add}"),
+            format!("--ambient-caps=+bpf,+perfmon{add}"),
+        ]
+    };
+    let user = caps("");
+    let user: Vec<&str> = user.iter().map(String::as_str).collect();
+    let doctor = run_tracer_with(&user, &["doctor"]);
+    let line = doctor
+        .stdout
+        .lines()
+        .find(|l| l.contains("tracefs"))
+        .unwrap_or_else(|| panic!("doctor lists tracefs: {}", doctor.stdout));
+    assert!(
+        line.contains("mounted at /sys/kernel/tracing but not readable by this user"),
+        "{line}"
+    );
+    assert!(
+        line.contains("Permission denied") && !line.contains("not mounted"),
+        "{line}"
+    );
+    let args = [
+        "attach", "--pid", &pid, "-d", "300ms", "--probes", "classic", "--json",
+    ];
+    let out = run_tracer_with(&user, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("(--probes classic) need tracefs, which is mounted at"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("no BTF"), "{}", out.stderr);
+    // The advice given is enough.
+    let more = caps(",+dac_read_search");
+    let more: Vec<&str> = more.iter().map(String::as_str).collect();
+    let out = run_tracer_with(&more, &args);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.json()["probe_mode"], "classic");
+}

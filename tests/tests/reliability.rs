@@ -2,7 +2,7 @@
 //! do, with a non-zero exit; every fault leaves a complete summary and nothing attached.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -355,4 +355,78 @@ fn two_tracers_on_different_pids_see_only_their_own() {
     };
     assert!(vol(&da) > 100_000, "the busy target switched: {}", vol(&da));
     assert!(vol(&db) > 50, "the sleeper switched: {}", vol(&db));
+}
+
+/// A memory cgroup of its own with `limit` bytes, v1's memory controller or v2's.
+struct MemoryLimit(PathBuf);
+
+impl MemoryLimit {
+    fn new(name: &str) -> Self {
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let dir = if v1.join("memory.limit_in_bytes").exists() {
+            v1.join(name)
+        } else {
+            Path::new("/sys/fs/cgroup").join(name)
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn set(&self, bytes: u64) {
+        let file = ["memory.limit_in_bytes", "memory.max"]
+            .into_iter()
+            .map(|f| self.0.join(f))
+            .find(|f| f.exists())
+            .expect("a memory limit file");
+        std::fs::write(file, bytes.to_string()).unwrap();
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        // Its processes have all exited (each run is waited for) by now.
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_memory_limit_too_small_for_the_maps_says_so() {
+    let _guard = serial();
+    require_root();
+    let target = spawn(Command::new("sleep").arg("120"));
+    let cg = MemoryLimit::new(&format!("tracer-test-memory-{}", std::process::id()));
+    // Raise the limit until the tracer runs: below some point the kernel kills it (out of
+    // memory), then, for a few MiB, its maps cannot be created: those runs must say why.
+    let mut failed_loads = 0;
+    for mib in (32..=256).step_by(4) {
+        cg.set(mib << 20);
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} attach -p {} -d 200ms -q",
+            cg.0.display(),
+            tracer_bin().display(),
+            target.id()
+        );
+        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => break,
+            Some(1) => {
+                assert!(
+                    stderr.contains("loading the BPF programs failed"),
+                    "{stderr}"
+                );
+                assert!(
+                    stderr.contains("Cannot allocate memory"),
+                    "{mib} MiB: {stderr}"
+                );
+                assert!(stderr.contains("memory cgroup"), "{stderr}");
+                failed_loads += 1;
+            }
+            // Killed by the OOM killer before it could load anything.
+            None => {}
+            other => panic!("{mib} MiB: exit {other:?}: {stderr}"),
+        }
+        assert_eq!(tracer_programs(), 0, "programs left attached at {mib} MiB");
+    }
+    assert!(failed_loads > 0, "no limit made the maps fail");
 }

@@ -18,12 +18,10 @@ pub enum TracerError {
     )]
     Privileges { missing: String },
 
-    #[error(
-        "the kernel has no BTF (/sys/kernel/btf/vmlinux) and tracefs is not mounted, so neither \
-         BTF nor classic tracepoints can be used: mount tracefs with \
-         `mount -t tracefs nodev /sys/kernel/tracing` ({detail})"
-    )]
-    NoTracefs { detail: String },
+    /// The classic tracepoints were needed (`why`: chosen, or the BTF unusable) and tracefs,
+    /// where their formats are, cannot be read.
+    #[error("the classic tracepoints ({why}) need tracefs, which is {detail}")]
+    NoTracefs { why: String, detail: String },
 
     #[error("loading the BPF programs failed: {detail}")]
     Load { detail: String },

@@ -79,12 +79,12 @@ pub fn btf(path: &Path) -> Capability {
 
 /// tracefs, which only the classic fallback needs.
 pub fn tracefs() -> Capability {
-    match layout::tracefs_root() {
-        Some(root) => yes(format!("mounted at {}", root.display())),
-        None => no(
-            "not mounted (only needed without BTF; the tracer mounts it itself as root, or: \
-             mount -t tracefs nodev /sys/kernel/tracing)",
-        ),
+    match layout::find_tracefs() {
+        layout::Tracefs::At(root) => yes(format!("mounted at {}", root.display())),
+        other => no(format!(
+            "{} (only needed without BTF)",
+            other.problem().unwrap_or_default()
+        )),
     }
 }
 

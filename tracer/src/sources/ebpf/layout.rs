@@ -190,12 +190,83 @@ pub fn format_field(format: &str, name: &str) -> Option<Field> {
     })
 }
 
-/// Where tracefs is mounted, if it is.
-pub fn tracefs_root() -> Option<PathBuf> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+/// tracefs as this process finds it.
+#[derive(Debug)]
+pub enum Tracefs {
+    /// Mounted, its event formats readable.
+    At(PathBuf),
+    /// Mounted (/proc/self/mounts says so) but not readable by this user: recent kernels
+    /// make tracefs root's, mode 0700, and CAP_BPF with CAP_PERFMON does not open it.
+    Unreadable {
+        at: PathBuf,
+        error: String,
+    },
+    NotMounted,
+}
+
+impl Tracefs {
+    /// What is wrong, in words, and what to do; None when it is usable.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            Tracefs::At(_) => None,
+            Tracefs::Unreadable { at, error } => Some(format!(
+                "mounted at {} but not readable by this user ({error}): run as root, or add \
+                 CAP_DAC_READ_SEARCH to CAP_BPF and CAP_PERFMON",
+                at.display()
+            )),
+            Tracefs::NotMounted => Some(
+                "not mounted (the tracer mounts it itself as root, or: mount -t tracefs nodev \
+                 /sys/kernel/tracing)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// The mount points of tracefs in this mount namespace.
+fn tracefs_mounts() -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (point, kind) = (f.nth(1)?, f.next()?);
+            // Octal escapes (\040 for a space) are left as they are: such a mount point is
+            // only looked at, never parsed further.
+            (kind == "tracefs").then(|| PathBuf::from(point))
+        })
+        .collect()
+}
+
+/// Where tracefs is: the usual places first, then anywhere /proc/self/mounts shows it. A
+/// place that cannot be read is "unreadable" only where tracefs is mounted there: a
+/// not-mounted /sys/kernel/debug/tracing inside a 0700 debugfs is refused just the same.
+pub fn find_tracefs() -> Tracefs {
+    let mounted = tracefs_mounts();
+    let mut candidates: Vec<PathBuf> = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .into_iter()
         .map(PathBuf::from)
-        .find(|p| p.join("events").is_dir())
+        .collect();
+    for m in &mounted {
+        if !candidates.contains(m) {
+            candidates.push(m.clone());
+        }
+    }
+    let mut unreadable = None;
+    for p in candidates {
+        match fs::metadata(p.join("events")) {
+            Ok(m) if m.is_dir() => return Tracefs::At(p),
+            Ok(_) => {}
+            Err(e) if mounted.contains(&p) && unreadable.is_none() => {
+                unreadable = Some(Tracefs::Unreadable {
+                    at: p,
+                    error: e.to_string(),
+                });
+            }
+            Err(_) => {}
+        }
+    }
+    unreadable.unwrap_or(Tracefs::NotMounted)
 }
 
 /// Mounts tracefs at /sys/kernel/tracing (needs CAP_SYS_ADMIN).
@@ -217,7 +288,13 @@ pub fn mount_tracefs() -> Result<PathBuf> {
             std::io::Error::last_os_error()
         );
     }
-    tracefs_root().ok_or_else(|| anyhow!("tracefs mounted but has no events directory"))
+    match find_tracefs() {
+        Tracefs::At(root) => Ok(root),
+        other => bail!(
+            "tracefs mounted, but {}",
+            other.problem().unwrap_or_default()
+        ),
+    }
 }
 
 /// Fills the classic-tracepoint offsets of `config` from the format files under `tracefs`.

@@ -169,6 +169,33 @@ fn load_error(e: impl std::fmt::Display) -> TracerError {
     }
 }
 
+/// A load error with the causes aya keeps beneath it: "failed to create map `THREADS`" holds
+/// the kernel's errno only in its source, and ENOMEM there is a memory limit, not a bug.
+fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -> TracerError {
+    let mut detail = format!("{what}{e}");
+    let mut enomem = false;
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !detail.contains(&text) {
+            detail = format!("{detail}: {text}");
+        }
+        enomem |= c
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::ENOMEM));
+        cause = c.source();
+    }
+    if enomem {
+        detail.push_str(
+            ". The kernel could not allocate the maps' memory: BPF maps are charged to the \
+             tracer's memory cgroup (since Linux 5.11), so a memory.max (or v1 \
+             memory.limit_in_bytes) on it or its parents, or the machine's own memory, is too \
+             small: run it outside that cgroup or with a higher limit",
+        );
+    }
+    load_error(detail)
+}
+
 impl SchedProbes {
     /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
     /// each of its context switches: every program through the verifier, nothing attached yet
@@ -225,10 +252,18 @@ impl SchedProbes {
             },
         };
         if mode == ProbeMode::Classic {
-            let tracefs = match layout::tracefs_root() {
-                Some(root) => root,
-                None => layout::mount_tracefs().map_err(|e| TracerError::NoTracefs {
-                    detail: format!("{e:#}"),
+            let why = fallback_reason.clone().unwrap_or_default();
+            let tracefs = match layout::find_tracefs() {
+                layout::Tracefs::At(root) => root,
+                layout::Tracefs::NotMounted => {
+                    layout::mount_tracefs().map_err(|e| TracerError::NoTracefs {
+                        why,
+                        detail: format!("not mounted, and mounting it failed: {e:#}"),
+                    })?
+                }
+                unreadable => Err(TracerError::NoTracefs {
+                    why,
+                    detail: unreadable.problem().unwrap_or_default(),
                 })?,
             };
             layout::apply_classic_formats(&tracefs, &mut config)?;
@@ -243,7 +278,7 @@ impl SchedProbes {
             .map_max_entries("EVENTS", opts.ring_bytes)
             .map_max_entries("THREAD_SLOTS", thread_slots)
             .load(OBJECT)
-            .map_err(|e| load_error(format!("{e:#}")))?;
+            .map_err(|e| load_error_of("", &e))?;
         let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
@@ -430,7 +465,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
                     .with_context(|| format!("program {name}"))?
                     .try_into()?;
                 prog.load(tracepoint, btf)
-                    .map_err(|e| load_error(format!("{name}: {e:#}")))?;
+                    .map_err(|e| load_error_of(&format!("{name}: "), &e))?;
             }
         }
         ProbeMode::Classic => {
@@ -440,7 +475,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
                     .with_context(|| format!("program {name}"))?
                     .try_into()?;
                 prog.load()
-                    .map_err(|e| load_error(format!("{name}: {e:#}")))?;
+                    .map_err(|e| load_error_of(&format!("{name}: "), &e))?;
             }
         }
     }
