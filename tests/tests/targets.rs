@@ -338,3 +338,81 @@ fn an_exec_from_a_thread_that_is_not_the_main_one_keeps_the_process_alive() {
         assert!(u(&t["oncpu_ns"]) < window / 10, "{t}");
     }
 }
+
+#[test]
+fn a_pid_reused_while_the_probes_load_is_never_traced() {
+    let _guard = serial();
+    require_root();
+    // In a PID namespace of its own, where ns_last_pid chooses the next PID: the target exits
+    // while the tracer loads its probes (a 1 GiB ring buffer makes that take over a second
+    // here), and another process is given its PID before the tracer attaches.
+    let script = format!(
+        "sleep 0.3 & a=$!
+         {tracer} attach -p $a -d 500ms --json --ring-kib 1048576 & t=$!
+         wait $a
+         echo $((a - 1)) > /proc/sys/kernel/ns_last_pid
+         sleep 5 & b=$!
+         [ $b = $a ] || {{ echo \"the PID was not reused: $b for $a\" >&2; kill $t; exit 99; }}
+         wait $t; s=$?; kill $b; exit $s",
+        tracer = tracer_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-fp", "--mount-proc", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(99), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the impostor was traced: {stderr}"
+    );
+    assert!(
+        stderr.contains("exited before the recording started"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no summary");
+}
+
+#[test]
+fn a_process_whose_main_thread_exited_is_traced() {
+    let _guard = serial();
+    require_root();
+    // The main thread leaves by pthread_exit: it stays a zombie until the last thread exits,
+    // and the process runs on in its worker, which wakes every 10 ms.
+    let script = "import threading, time, ctypes\n\
+                  def work():\n    while True: time.sleep(0.01)\n\
+                  threading.Thread(target=work).start()\n\
+                  ctypes.CDLL(None).pthread_exit(None)";
+    let target = Kill::group(Command::new("python3").args(["-c", script]));
+    let pid = target.id();
+    let leader_gone = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    assert!(leader_gone, "the main thread exited");
+    let worker: u32 = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .find(|&t| t != pid)
+        .expect("a worker thread");
+    let before = snapshot(pid)[&worker];
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid.to_string(),
+        "-d",
+        "500ms",
+        "--json",
+        "-q",
+    ]);
+    let after = snapshot(pid)[&worker];
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let t = thread_json(&doc, worker);
+    let switches = u(&t["voluntary_switches"]);
+    // Inside the kernel's own count over a bracket around the window, and about 50 of them.
+    assert!(switches <= after.voluntary - before.voluntary, "{t}");
+    assert!(switches >= 20, "the worker's wakeups are recorded: {t}");
+}
