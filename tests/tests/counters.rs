@@ -39,6 +39,20 @@ fn perf_per_thread(csv: &str, name: &str) -> std::collections::BTreeMap<u32, u64
     out
 }
 
+/// How many perf events process `pid` holds open.
+fn perf_events_open(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[perf_event]")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 #[test]
 fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     let _guard = serial();
@@ -77,7 +91,17 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("perf (linux-perf; cargo xtask setup installs it)");
-    std::thread::sleep(Duration::from_millis(300));
+    // Started when its counters are open, three per thread: perf needs a while to start on a
+    // loaded machine, and a SIGINT before that ended it with nothing printed (once in 8 runs).
+    let wanted = 3 * before.len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while perf_events_open(perf.id()) < wanted {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "perf stat never opened its counters"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     load.send("go");
     load.expect("done");
     load.settle();
@@ -101,6 +125,7 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     // that moment): at most one per thread, seen about once in 20 runs.
     let unseen = u(&doc["losses"]["unseen_switch_ins"]) + 1;
     let task_clock = perf_per_thread(&perf_csv, "task-clock");
+    let perf_switches = perf_per_thread(&perf_csv, "context-switches");
     let mut switches = 0;
     for (tid, a) in &after {
         let d = *a - before[tid];
@@ -113,7 +138,11 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         let kernel = d.voluntary + d.involuntary;
         assert!(
             counted <= kernel && counted + unseen >= kernel,
-            "tid {tid}: context switches via perf {counted} vs /proc {kernel} (losses {})",
+            "tid {tid}: context switches via perf {counted} vs /proc {kernel} (perf stat's own \
+             count {:?}; the tracer's {}+{}; losses {})",
+            perf_switches.get(tid),
+            t["voluntary_switches"],
+            t["involuntary_switches"],
             doc["losses"]
         );
         switches += d.voluntary + d.involuntary;
@@ -125,21 +154,36 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
             "tid {tid}: {c} vs nr_migrations {}",
             d.migrations
         );
-        // cpu-clock over the slices vs the scheduler's on-CPU time: both time the same
-        // slices, with different clocks and at slightly different points of the switch.
-        // Within 2 % + 1 ms.
-        let clock = u(&c["cpu_clock_ns"]);
+        // The tracer's on-CPU time against perf's task-clock, which times the same slices from
+        // a little later in the switch (perf's sched_in and sched_out, inside the context
+        // switch, where the tracepoint is before it): 1.4-1.7 us a slice apart here, so
+        // within 1 % + 100 us + 3 us a slice. (Before the thread's own run time put right a
+        // repaired untraced switch-in, a worker preempted by PID 1 showed 33.7 ms against
+        // 31.4 ms, in 3 runs of 40.)
         let oncpu = u(&t["oncpu_ns"]);
-        assert!(
-            clock.abs_diff(oncpu) <= oncpu / 50 + 1_000_000,
-            "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu}"
-        );
-        // perf's task-clock times the same slices at the switch itself: within 0.5 % +
-        // 50 us (measured: 0.02-0.19 % apart on every worker, 8 rounds).
         let perf_clock = task_clock[tid];
+        let path = 3_000 * kernel;
         assert!(
-            clock.abs_diff(perf_clock) <= perf_clock / 200 + 50_000,
-            "tid {tid}: cpu-clock {clock} vs perf task-clock {perf_clock}"
+            oncpu.abs_diff(perf_clock) <= perf_clock / 100 + 100_000 + path,
+            "tid {tid}: on-CPU {oncpu} vs perf task-clock {perf_clock}"
+        );
+        // cpu-clock over the slices against both: within 2 % + 1 ms of the on-CPU time (two
+        // clocks, read at slightly different points of the switch), 0.5 % + 50 us + the
+        // switch path of task-clock (measured: 0.02-0.19 % apart on every worker, 8 rounds,
+        // up to 0.8 % when the host steals time). A slice whose switch-in went untraced has no
+        // counters (counted < kernel above): then only never more than they.
+        let clock = u(&c["cpu_clock_ns"]);
+        let complete = counted == kernel;
+        assert!(
+            clock <= oncpu + oncpu / 50 + 1_000_000
+                && (!complete || clock + oncpu / 50 + 1_000_000 >= oncpu),
+            "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu} (every slice counted: {complete})"
+        );
+        assert!(
+            clock <= perf_clock + perf_clock / 200 + 50_000 + path
+                && (!complete || clock + perf_clock / 200 + 50_000 + path >= perf_clock),
+            "tid {tid}: cpu-clock {clock} vs perf task-clock {perf_clock} (every slice counted: \
+             {complete})"
         );
         // schedstat is not that reference: its on-CPU time runs from the run-queue clock at
         // the pick to the clock at the next put, and that clock is not updated at a switch a
@@ -147,11 +191,13 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         // wakeup preemption is credited from the wakeup. Measured on this workload: schedstat
         // 0.8-3.3 % above both the tracer and perf on every worker (up to +37 us on the main
         // thread's 0.14 ms), and 5.5 % once (issue 13) where perf was not run. One-sided and
-        // wide: at most 1 % + 1 ms below, 10 % + 1 ms (and the time the host stole from this
-        // VM, which it leaves out and the clock does not) above.
+        // wide: at most 1 % + 1 ms below, 10 % + 1 ms above; and the time the host stole from
+        // this VM either way (the run-queue clock leaves it out, the counter's clock does not:
+        // 5 % below, with 10 ms stolen, once), plus one 10 ms tick of /proc/stat's steal
+        // count (6 % below with "0 ns" stolen, once).
         let sched = d.oncpu_ns;
         assert!(
-            sched + clock / 100 + 1_000_000 >= clock
+            sched + clock / 100 + 1_000_000 + stolen + 10_000_000 >= clock
                 && sched <= clock + clock / 10 + 1_000_000 + stolen,
             "tid {tid}: cpu-clock {clock} vs schedstat {sched} ({stolen} ns stolen)"
         );

@@ -45,8 +45,13 @@ fn workers_of_one_command_outrank_the_targets_own_threads() {
         "20",
         "-q",
     ]));
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let workers = children_of(stress.id());
+    // stress-ng forks its workers after its own start-up: seconds on a loaded machine.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut workers = children_of(stress.id());
+    while workers.len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        workers = children_of(stress.id());
+    }
     assert_eq!(workers.len(), 4, "stress-ng's workers: {workers:?}");
     target.send("go");
     let out = run_tracer(&[

@@ -418,8 +418,11 @@ fn a_tiny_counter_bin_is_widened_not_allowed_to_exhaust_memory() {
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let c = &doc["counters"];
     assert_eq!(c["bins_widened_from_ns"], 1, "{c}");
+    // Bins are widened as slices arrive, so they cover the last slice seen, which a spinner
+    // that holds its CPU to the end can leave well short of the window's end (131 us bins,
+    // 1.3 s, seen once in 8 runs): what is bounded is their number.
     let bin = c["bin_ns"].as_u64().unwrap();
-    assert!(bin >= 2_000_000_000 / 10_000, "bin {bin}");
+    assert!(bin > 1, "bin {bin}");
     assert!(c["series"].as_array().unwrap().len() <= 10_000);
     // Measured 40-50 MB; before, `--bin 1us` alone reached 680 MB.
     assert!(rss < 200 << 20, "peak RSS {rss}");

@@ -80,13 +80,18 @@ fn markers_agree_with_the_servers_own_log() {
         walls.len()
     );
     // Wall times agree within the uprobes' own cost (a few microseconds per hit on this VM):
-    // 3 % + 50 us on p50 and p99.
+    // 3 % + 50 us on p50 and p99. The two sets differ by the few requests at the edges, which
+    // can move a quantile by as many ranks: in a sparse tail p99 is then the next request's
+    // (1.27 ms against 1.18 ms once), so each is compared with the log's quantiles that many
+    // ranks either side.
+    let ranks = (n.abs_diff(walls.len() as u64) + 1) as f64 / walls.len() as f64;
     for (p, key) in [(0.5, "p50_ns"), (0.99, "p99_ns")] {
-        let (ours, theirs) = (u(&r[key]), q(&walls, p));
-        let tol = theirs * 3 / 100 + 50_000;
+        let ours = u(&r[key]);
+        let (lo, hi) = (q(&walls, p - ranks), q(&walls, (p + ranks).min(1.0)));
+        let tol = hi * 3 / 100 + 50_000;
         assert!(
-            ours.abs_diff(theirs) <= tol,
-            "{key}: markers {ours}, log {theirs}"
+            ours + tol >= lo && ours <= hi + tol,
+            "{key}: markers {ours}, log {lo}..{hi}"
         );
     }
 

@@ -74,6 +74,10 @@ pub const FLAG_SEEN: u32 = 16;
 /// `ThreadStats::flags`: the thread's TID ended in an exec by another thread of its process,
 /// which took over the process's main TID (`de_thread`, fs/exec.c).
 pub const FLAG_EXECED: u32 = 32;
+/// `ThreadStats::flags`, kernel side only: a switch-in no tracepoint reported was repaired by
+/// counting the thread as running from when it was last seen waiting; its own run time, read
+/// at its next traced event, says how much of that it was still waiting.
+pub const FLAG_REPAIRED: u32 = 64;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///
