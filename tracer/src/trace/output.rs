@@ -1,0 +1,238 @@
+//! The files the tool writes (trace, HTML, Perfetto): which paths it accepts, how a finished
+//! file takes its place, and who owns it.
+//!
+//! Every output is written beside its path and renamed over it when complete. A rename
+//! replaces whatever the path named, so the path must be absent or a regular file: as root,
+//! `-o /dev/null` once replaced the system's /dev/null with a 0600 regular file. Devices,
+//! FIFOs, sockets, directories and symbolic links are refused before anything is recorded,
+//! and checked again just before the rename.
+
+use std::{
+    fs::File,
+    os::unix::{ffi::OsStrExt as _, fs::FileTypeExt as _},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Result, bail};
+
+use crate::error::TracerError;
+
+/// `PATH.tmp`, beside `PATH`.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+/// What an existing path is, in words, when it is not something an output may replace.
+fn not_replaceable(path: &Path) -> Option<&'static str> {
+    let ft = std::fs::symlink_metadata(path).ok()?.file_type();
+    if ft.is_file() {
+        None
+    } else if ft.is_symlink() {
+        Some("a symbolic link")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else if ft.is_char_device() {
+        Some("a character device")
+    } else if ft.is_block_device() {
+        Some("a block device")
+    } else if ft.is_fifo() {
+        Some("a FIFO")
+    } else if ft.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    }
+}
+
+/// Refuses a path that exists and is not a regular file.
+pub fn check_replaceable(path: &Path) -> Result<()> {
+    if let Some(what) = not_replaceable(path) {
+        bail!(
+            "{} is {what}; the tracer writes only regular files (it would replace this one): \
+             give the path of a new or regular file",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The directory a relative or absolute output path lands in.
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Checks one output path: replaceable, in a directory that exists and can be written.
+pub fn check_path(path: &Path) -> Result<()> {
+    if path.as_os_str().is_empty() {
+        bail!("an output path is empty: give a file name");
+    }
+    check_replaceable(path)?;
+    let dir = parent_dir(path);
+    if !dir.is_dir() {
+        bail!(
+            "cannot write {}: {} is not a directory (check that the directory exists and is \
+             writable)",
+            path.display(),
+            dir.display()
+        );
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: access reads the NUL-terminated path we own.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+        bail!(
+            "cannot write {}: {} ({}; check that the directory exists and is writable)",
+            path.display(),
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// Where a path points, for telling whether two flags name the same file: its directory
+/// resolved, and its own name as given (the file itself may not exist yet).
+fn identity(path: &Path) -> PathBuf {
+    let dir = std::fs::canonicalize(parent_dir(path)).unwrap_or_else(|_| parent_dir(path).into());
+    match path.file_name() {
+        Some(name) => dir.join(name),
+        None => dir,
+    }
+}
+
+/// Checks every output of one command before anything is recorded: each path, and no two
+/// naming the same file (nor one naming another's temporary file, `PATH.tmp`). Giving the
+/// same file twice is a usage error.
+pub fn check_all(outputs: &[(&str, &Path)]) -> Result<()> {
+    for (_, path) in outputs {
+        check_path(path)?;
+    }
+    let ids: Vec<(&str, PathBuf)> = outputs.iter().map(|(f, p)| (*f, identity(p))).collect();
+    for (i, (flag_a, a)) in ids.iter().enumerate() {
+        for (flag_b, b) in &ids[i + 1..] {
+            let tmp_of = |x: &Path, y: &Path| temp_path(x) == y;
+            if a == b || tmp_of(a, b) || tmp_of(b, a) {
+                return Err(TracerError::Usage {
+                    message: format!(
+                        "{flag_a} and {flag_b} name the same file ({}): give each output its \
+                         own path",
+                        a.display()
+                    ),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Renames a finished temporary file over `path`, unless `path` became something other than
+/// a regular file since it was checked. The temporary file is left where it is on failure:
+/// it holds the output.
+pub fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
+    if let Some(what) = not_replaceable(path) {
+        bail!(
+            "{} became {what} while the tracer ran; it was not replaced, and the output is in {}",
+            path.display(),
+            tmp.display()
+        );
+    }
+    std::fs::rename(tmp, path)
+        .map_err(|e| anyhow::anyhow!("renaming {} to {}: {e}", tmp.display(), path.display()))
+}
+
+/// The user who ran the tool through sudo, when it runs as root that way.
+fn invoker() -> Option<(libc::uid_t, libc::gid_t)> {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let id = |var: &str| std::env::var(var).ok()?.parse::<u32>().ok();
+    let (uid, gid) = (id("SUDO_UID")?, id("SUDO_GID")?);
+    (uid != 0).then_some((uid, gid))
+}
+
+/// Gives a file the tool just created to the user who ran it through sudo: `sudo tracer ...
+/// -o rec.trace` should leave a file that user can read (it stays 0600). Without sudo, or
+/// when that fails (a filesystem without ownership), the file stays the tool's.
+pub fn own_by_invoker(file: &File) {
+    if let Some((uid, gid)) = invoker() {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: fchown on a descriptor we own; failure leaves the file as it was.
+        let _ = unsafe { libc::fchown(file.as_raw_fd(), uid, gid) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tracer-output-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn only_absent_paths_and_regular_files_are_accepted() {
+        let d = scratch("kinds");
+        let regular = d.join("f");
+        std::fs::write(&regular, b"x").unwrap();
+        check_path(&regular).unwrap();
+        check_path(&d.join("new")).unwrap();
+        let link = d.join("l");
+        std::os::unix::fs::symlink(&regular, &link).unwrap();
+        let err = check_path(&link).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        let err = check_path(&d).unwrap_err().to_string();
+        assert!(err.contains("a directory"), "{err}");
+        let fifo = d.join("p");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo reads the path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = check_path(&fifo).unwrap_err().to_string();
+        assert!(err.contains("a FIFO"), "{err}");
+        let err = check_path(Path::new("/dev/null")).unwrap_err().to_string();
+        assert!(err.contains("character device"), "{err}");
+        let err = check_path(&d.join("missing/x")).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_same_file_twice_is_a_usage_error() {
+        let d = scratch("twice");
+        let a = d.join("x");
+        let same = d.join(".").join("x");
+        let err = check_all(&[("--output", &a), ("--html", &same)]).unwrap_err();
+        assert!(
+            matches!(err.downcast_ref(), Some(TracerError::Usage { .. })),
+            "{err}"
+        );
+        let tmp = d.join("x.tmp");
+        assert!(check_all(&[("--output", &a), ("--perfetto", &tmp)]).is_err());
+        check_all(&[("--output", &a), ("--html", &d.join("y"))]).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_path_that_became_a_device_is_not_replaced() {
+        let d = scratch("rename");
+        let tmp = d.join("t");
+        std::fs::write(&tmp, b"data").unwrap();
+        let err = rename_into_place(&tmp, Path::new("/dev/null"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("was not replaced"), "{err}");
+        assert!(tmp.exists(), "the output stays in its temporary file");
+        let dst = d.join("final");
+        rename_into_place(&tmp, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), b"data");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
