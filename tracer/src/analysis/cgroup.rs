@@ -6,9 +6,9 @@
 
 use serde::Serialize;
 
-use crate::{
-    recording::Recording,
-    sources::cgroup::{CgroupSample, CgroupVersion, Throttling},
+use crate::recording::{
+    Recording,
+    cgroup::{CgroupSample, CgroupVersion, Throttling},
 };
 
 /// Throttling between two samples.
@@ -142,7 +142,7 @@ mod tests {
     use crate::{
         analysis::testutil::recording,
         recording::CgroupRecording,
-        sources::cgroup::{CpuCgroup, CpuLimit},
+        recording::cgroup::{CpuCgroup, CpuLimit},
     };
 
     fn t(periods: u64, throttled: u64, ns: u64) -> Throttling {

@@ -14,3 +14,11 @@ pub mod verdict;
 
 #[cfg(test)]
 pub mod testutil;
+
+/// The summary of a recording, built whole and then judged: the verdict reads the finished
+/// summary (`verdict::judge`) and is stored beside what it read.
+pub fn summarize(rec: &crate::recording::Recording) -> summary::Summary {
+    let mut s = summary::build(rec);
+    s.verdict = verdict::judge(&s);
+    s
+}

@@ -10,18 +10,14 @@ use super::{
     preemptors,
     quantiles::{QuantileSource, wait_quantiles},
     requests::RequestAnalysis,
-    verdict::{self, Verdict},
+    verdict::model::Verdict,
 };
-use crate::{
-    recording::{
-        EndReason, MigrationRoute, Recording, ThreadRecord, WaitSamples, waits::WaitClasses,
-    },
-    sources::{
-        ebpf::{Losses, ProbeMode},
-        host::Capabilities,
-        perf::slot_names,
-        topology::{MigrationKind, classify},
-    },
+use crate::recording::{
+    Capabilities, EndReason, Losses, MigrationRoute, ProbeMode, Recording, ThreadRecord,
+    WaitSamples,
+    counters::slot_names,
+    topology::{MigrationKind, classify},
+    waits::WaitClasses,
 };
 
 /// Version of the JSON document's shape; bumped on any incompatible change.
@@ -371,7 +367,8 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
     t
 }
 
-pub fn summarize(rec: &Recording) -> Summary {
+/// Everything but the verdict (`analysis::summarize` adds it).
+pub fn build(rec: &Recording) -> Summary {
     let mut threads: Vec<ThreadSummary> =
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
     threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
@@ -438,7 +435,6 @@ pub fn summarize(rec: &Recording) -> Summary {
         pid_namespace: None,
     };
     s.pid_namespace = pid_namespace(rec, &s);
-    s.verdict = verdict::judge(&s);
     s
 }
 
@@ -487,7 +483,7 @@ mod tests {
                 },
             ],
         );
-        let s = summarize(&rec);
+        let s = crate::analysis::summarize(&rec);
         assert_eq!(s.duration_ns, 10_000);
         assert_eq!(s.threads[0].tid, 2, "largest wait first");
         assert_eq!(s.totals.runq_wait_ns, 4_000);
@@ -515,7 +511,7 @@ mod tests {
     fn incomplete_samples_fall_back_to_the_kernel_histogram() {
         let mut t = thread(1, 5_000, 1_000, &[400, 600]);
         t.runq_waits = 3; // one wait never reached userspace
-        let s = summarize(&recording(vec![t], vec![]));
+        let s = crate::analysis::summarize(&recording(vec![t], vec![]));
         assert_eq!(
             s.threads[0].runq_wait_quantiles_from,
             QuantileSource::KernelLog2

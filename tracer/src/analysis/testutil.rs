@@ -1,8 +1,7 @@
 //! Recordings built by hand for the analysis tests.
 
-use crate::{
-    recording::{EndReason, PreemptorRecord, Recording, TargetMeta, ThreadRecord, WaitSamples},
-    sources::ebpf::{Losses, ProbeMode},
+use crate::recording::{
+    EndReason, Losses, PreemptorRecord, ProbeMode, Recording, TargetMeta, ThreadRecord, WaitSamples,
 };
 
 /// A thread with `on` ns on a CPU, `rq` ns waiting, and the given complete waits.
@@ -55,7 +54,7 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         migration_routes: vec![],
         losses: Losses::default(),
         events_received: 0,
-        capabilities: crate::sources::host::tests::no_capabilities(),
+        capabilities: crate::recording::host::no_capabilities(),
         counter_mask: 0,
         counter_bins: Default::default(),
         gpu: None,

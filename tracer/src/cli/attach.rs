@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use super::{RecordArgs, parse_duration, print_recording, runtime};
+use super::{RecordArgs, print_recording, runtime};
 use crate::{session::record, sources::process::Target};
 
 #[derive(Debug, Args)]
@@ -14,7 +14,7 @@ pub struct AttachArgs {
     #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: u32,
     /// How long to record (e.g. 10s, 500ms, 2m). Ctrl-C ends earlier and still reports.
-    #[arg(long, short, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, short, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
     #[command(flatten)]
     pub record: RecordArgs,

@@ -6,12 +6,18 @@ use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
-use crate::sources::{
-    cgroup::{self, CgroupVersion, CpuCgroup},
-    ebpf::{ProbeChoice, ProbeMode, ProbeOptions, SchedProbes, layout},
-    host::{self, Capabilities, GpuInfo},
-    perf::{Capability, CounterChoice, PerfSet, perf_event_paranoid},
-    privileges,
+use crate::{
+    recording::{
+        Capabilities, Capability, GpuCapability, ProbeMode,
+        cgroup::{CgroupVersion, CpuCgroup},
+    },
+    sources::{
+        cgroup,
+        ebpf::{ProbeChoice, ProbeOptions, SchedProbes, layout},
+        host::{self, GpuInfo},
+        perf::{CounterChoice, PerfSet, perf_event_paranoid},
+        privileges,
+    },
 };
 
 #[derive(Debug, Args)]
@@ -145,7 +151,7 @@ fn report(pid: Option<u32>) -> Report {
             pmu,
             btf: host::btf(Path::new(layout::VMLINUX_BTF)),
             tracefs: host::tracefs(),
-            gpu: host::GpuCapability::from_parts(
+            gpu: GpuCapability::from_parts(
                 gpu.capability.clone(),
                 gpu.gpm(),
                 match pid {
@@ -248,8 +254,11 @@ fn render(r: &Report) -> String {
                 .iter()
                 .map(|l| {
                     format!(
-                        "{} CPUs ({} / {} us) at {}",
-                        l.cpus, l.quota_us, l.period_us, l.cgroup
+                        "{} CPUs ({} / {}) at {}",
+                        l.cpus,
+                        crate::units::dur(l.quota_us * 1000),
+                        crate::units::dur(l.period_us * 1000),
+                        l.cgroup
                     )
                 })
                 .collect::<Vec<_>>()
@@ -259,10 +268,10 @@ fn render(r: &Report) -> String {
         if let Some(th) = t.throttling {
             let _ = writeln!(
                 out,
-                "      throttled {} of {} periods, {} ms in all",
+                "      throttled {} of {} periods, {} in all",
                 th.nr_throttled,
                 th.nr_periods,
-                th.throttled_ns / 1_000_000
+                crate::units::dur(th.throttled_ns)
             );
         }
     }

@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::OutputArgs;
 use crate::{
-    analysis::summary::{Summary, summarize},
+    analysis::{summarize, summary::Summary},
     recording::{Recording, requests::parse_latency_log},
     render,
 };

@@ -123,7 +123,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub counters: CounterChoice,
     /// Width of the time bins of the counter series (IPC, MPKI over time).
-    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "10ms", value_parser = crate::units::parse_duration)]
     pub bin: Duration,
     /// The GPU to sample, by index or UUID (default: the GPUs the target uses, else all).
     #[arg(long)]
@@ -211,12 +211,12 @@ impl OutputArgs {
 
     /// Checks the files before any work is done (`report` reads the trace first).
     pub fn check(&self) -> anyhow::Result<()> {
-        crate::output::check_all(&self.paths())
+        crate::trace::output::check_all(&self.paths())
     }
 }
 
 fn parse_gpu_interval(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
+    let d = crate::units::parse_duration(s)?;
     if d < Duration::from_millis(10) || d > Duration::from_secs(10) {
         return Err("must be between 10ms and 10s".into());
     }
@@ -232,7 +232,7 @@ impl RecordArgs {
         if let Some(p) = &self.output {
             paths.insert(0, ("--output", p.as_path()));
         }
-        crate::output::check_all(&paths)?;
+        crate::trace::output::check_all(&paths)?;
         if let Some(p) = &self.requests.latencies {
             emit::check_latency_log(p, log_may_not_exist)?;
         }
@@ -280,27 +280,6 @@ fn parse_thread_slots(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
-/// Parses "10s", "500ms", "2m", "1.5s".
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = if let Ok(secs) = s.parse::<f64>() {
-        if !secs.is_finite() || secs < 0.0 {
-            return Err(format!("invalid duration {s:?}"));
-        }
-        // Checked before converting: `Duration::from_secs_f64` panics past u64 seconds.
-        Duration::try_from_secs_f64(secs).map_err(|_| "the duration must be at most 24h")?
-    } else {
-        humantime::parse_duration(s)
-            .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 10s, 500ms, 2m"))?
-    };
-    if d.is_zero() {
-        return Err("the duration must be longer than zero".into());
-    }
-    if d > Duration::from_secs(24 * 3600) {
-        return Err("the duration must be at most 24h".into());
-    }
-    Ok(d)
-}
-
 /// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain
 /// the ring buffer, and it keeps the tracer's own footprint small.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -338,21 +317,6 @@ pub fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("-1").is_err());
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("25h").is_err());
-        // Past what a Duration holds: an error, not a panic.
-        assert!(parse_duration("1e300").is_err());
-        assert!(parse_duration("99999999999999999999y").is_err());
-    }
 
     #[test]
     fn ring_sizes() {

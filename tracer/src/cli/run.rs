@@ -10,13 +10,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use super::{RecordArgs, parse_duration, print_recording, runtime};
+use super::{RecordArgs, print_recording, runtime};
 use crate::{error::TracerError, session::record, sources::process::Target};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Stop recording after this long (the command keeps running); default: until it exits.
-    #[arg(long, short, value_parser = parse_duration)]
+    #[arg(long, short, value_parser = crate::units::parse_duration)]
     pub duration: Option<Duration>,
     #[command(flatten)]
     pub record: RecordArgs,

@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 
 use tracer_common::EventKind;
 
+use super::records::Record;
 use super::{
     CudaSpan, Recording, Timeline, WaitSamples,
     counters::CounterBins,
     requests::Pairing,
     waits::{WaitClasses, WaitKind, WaitTracker},
 };
-use crate::sources::ebpf::Record;
 
 /// One thread's run-queue waits, as they come.
 #[derive(Default)]

@@ -4,7 +4,29 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{CounterSlice, PERF_SLOTS, ThreadCounters};
+use tracer_common::{CounterSlice, PERF_SLOTS, PerfSlot, ThreadCounters};
+
+/// A counter's name in the summary.
+pub fn slot_name(slot: PerfSlot) -> &'static str {
+    match slot {
+        PerfSlot::Cycles => "cycles",
+        PerfSlot::Instructions => "instructions",
+        PerfSlot::LlcReferences => "llc_references",
+        PerfSlot::LlcMisses => "llc_misses",
+        PerfSlot::CpuClock => "cpu_clock_ns",
+        PerfSlot::ContextSwitches => "context_switches",
+        PerfSlot::CpuMigrations => "cpu_migrations",
+    }
+}
+
+/// The names of the counters in `mask`, in slot order.
+pub fn slot_names(mask: u32) -> Vec<&'static str> {
+    PerfSlot::ALL
+        .iter()
+        .filter(|&&s| mask & (1 << s as u32) != 0)
+        .map(|&s| slot_name(s))
+        .collect()
+}
 
 /// One thread's totals, by `PerfSlot`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

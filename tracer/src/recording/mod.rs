@@ -2,12 +2,18 @@
 //! the sources. Assembly is pure: the kernel's per-thread totals and the window edges in, closed
 //! per-thread accounts out.
 
+pub mod cgroup;
 pub mod children;
 pub mod collect;
 pub mod counters;
 pub mod gpu;
+pub mod host;
+pub mod probes;
+pub mod records;
 pub mod requests;
 pub mod samples;
+pub mod threads;
+pub mod topology;
 pub mod waits;
 
 use std::collections::BTreeMap;
@@ -18,11 +24,9 @@ pub use samples::WaitSamples;
 use serde::{Deserialize, Serialize};
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, FLAG_SEEN, ThreadState, ThreadStats};
 
-use crate::sources::{
-    ebpf::{Losses, ProbeMode},
-    host::Capabilities,
-    process::ThreadInfo,
-};
+pub use host::{Capabilities, Capability, GpuCapability, PmuCapability};
+pub use probes::{Losses, ProbeMode};
+pub use threads::ThreadInfo;
 
 /// Why the recording ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -275,7 +279,7 @@ pub struct HostMeta {
     pub clocksource: String,
     pub cpu_model: String,
     pub cpus_online: Vec<u32>,
-    pub topology: Vec<crate::sources::topology::CpuPlace>,
+    pub topology: Vec<topology::CpuPlace>,
     /// The tracer's own command line.
     pub argv: Vec<String>,
     /// CLOCK_REALTIME minus CLOCK_MONOTONIC when the recording started, to place a latency
@@ -287,8 +291,8 @@ pub struct HostMeta {
 /// The target cgroup's throttling counters over the window.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CgroupRecording {
-    pub cgroup: crate::sources::cgroup::CpuCgroup,
-    pub samples: Vec<crate::sources::cgroup::CgroupSample>,
+    pub cgroup: cgroup::CpuCgroup,
+    pub samples: Vec<cgroup::CgroupSample>,
 }
 
 /// Raw timeline records, in arrival order.

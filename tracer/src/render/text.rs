@@ -4,38 +4,18 @@ use std::fmt::Write as _;
 
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
-use crate::recording::printable;
 use crate::{
     analysis::{quantiles::QuantileSource, summary::Summary},
-    recording::EndReason,
-    sources::ebpf::ProbeMode,
+    recording::{EndReason, ProbeMode},
+};
+use crate::{
+    recording::printable,
+    units::{dur, opt_dur, pct, size},
 };
 
 /// Threads shown in the table; the JSON has them all.
 const MAX_THREAD_ROWS: usize = 20;
 const MAX_PREEMPTOR_ROWS: usize = 10;
-
-/// "850ns", "12.3µs", "4.50ms", "1.234s".
-pub fn dur(ns: u64) -> String {
-    let f = ns as f64;
-    if ns < 1_000 {
-        format!("{ns}ns")
-    } else if ns < 1_000_000 {
-        format!("{:.1}µs", f / 1e3)
-    } else if ns < 1_000_000_000 {
-        format!("{:.2}ms", f / 1e6)
-    } else {
-        format!("{:.3}s", f / 1e9)
-    }
-}
-
-fn opt_dur(ns: Option<u64>) -> String {
-    ns.map(dur).unwrap_or_else(|| "-".into())
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
-}
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -150,10 +130,10 @@ pub fn render(s: &Summary) -> String {
     if let Some(c) = &s.tracer_cost {
         let _ = writeln!(
             out,
-            "  tracer's own cost: {} CPU ({:.2} % of one CPU), peak RSS {:.1} MB",
+            "  tracer's own cost: {} CPU ({} of one CPU), peak RSS {}",
             dur(c.cpu_ns),
-            c.cpu_share * 100.0,
-            c.peak_rss_bytes as f64 / 1e6
+            pct(c.cpu_share),
+            size(c.peak_rss_bytes)
         );
     }
     if s.dropped_events > 0 {
@@ -433,18 +413,5 @@ fn gpu_devices(out: &mut String, s: &Summary, g: &crate::analysis::gpu::GpuSumma
                 reasons.join(", ")
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_pick_a_readable_unit() {
-        assert_eq!(dur(850), "850ns");
-        assert_eq!(dur(12_345), "12.3µs");
-        assert_eq!(dur(4_500_000), "4.50ms");
-        assert_eq!(dur(1_234_000_000), "1.234s");
     }
 }

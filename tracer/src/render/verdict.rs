@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use super::text::dur;
 use crate::analysis::{requests::RequestAnalysis, summary::Summary, verdict::Basis};
+use crate::units::dur;
 
 pub fn render(s: &Summary, out: &mut String) {
     let v = &s.verdict;

@@ -8,8 +8,8 @@ use tracer_common::{Preemptor, ThreadStats};
 use super::target_meta;
 use crate::{
     recording::{
-        CgroupRecording, CudaTotals, EndReason, HostMeta, MigrationRoute, PreemptorRecord,
-        Recording, ThreadInputs, assemble_threads,
+        Capabilities, Capability, CgroupRecording, CudaTotals, EndReason, GpuCapability, HostMeta,
+        MigrationRoute, PreemptorRecord, Recording, ThreadInfo, ThreadInputs, assemble_threads,
         children::{ChildSnapshot, Forked, child_records},
         collect::Collector,
         comm_string,
@@ -19,9 +19,8 @@ use crate::{
     sources::{
         cgroup::{cgroup2_of, cgroup2_paths},
         ebpf::{Reaped, SchedProbes},
-        host::{self, Capabilities, GpuCapability},
-        perf::Capability,
-        process::{Target, ThreadInfo, comm_of, process_stat},
+        host,
+        process::{Target, comm_of, process_stat},
     },
 };
 

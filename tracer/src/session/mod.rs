@@ -14,16 +14,20 @@ mod assemble;
 
 use crate::{
     recording::{
-        CgroupRecording, EndReason, Recording, TargetMeta, TracerCost, collect::Collector,
+        Capability, CgroupRecording, EndReason, Recording, TargetMeta, TracerCost,
+        collect::Collector,
+        counters::slot_name,
+        records::{Record, encode, split},
     },
     sources::{
         cgroup::ThrottleProbe,
-        ebpf::{ProbeOptions, Reaped, Record, SchedProbes, encode, split},
+        clock::monotonic_ns,
+        ebpf::{ProbeOptions, Reaped, SchedProbes},
         gpu::{GpuOptions, GpuSampler},
         host,
-        perf::{Capability, CounterChoice, PerfSet, slot_name},
+        perf::{CounterChoice, PerfSet},
         privileges,
-        process::{self, Target, monotonic_ns},
+        process::{self, Target},
     },
     trace::{TraceMeta, writer::TraceWriter},
 };
@@ -390,7 +394,7 @@ fn notices(
         );
     }
     let until = match opts.duration {
-        Some(d) => format!("for {}", humantime(d)),
+        Some(d) => format!("for {}", crate::units::given(d)),
         None => "until it exits".to_string(),
     };
     let host = if target.pid != target.proc_pid {
@@ -403,16 +407,4 @@ fn notices(
         target.proc_pid,
         crate::recording::printable(&target.comm),
     );
-}
-
-/// "10s", "1.5s", "250ms".
-pub fn humantime(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else if ms >= 1000 {
-        format!("{:.1}s", d.as_secs_f64())
-    } else {
-        format!("{ms}ms")
-    }
 }

@@ -7,20 +7,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
+use crate::recording::cgroup::{CgroupSample, CgroupVersion, CpuCgroup, CpuLimit, Throttling};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// Which cgroup hierarchy layout the host uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CgroupVersion {
-    /// Only the unified hierarchy.
-    V2,
-    /// v1 controllers, with the unified hierarchy mounted beside them.
-    Hybrid,
-    V1,
-}
 
 /// cgroup2's filesystem magic (include/uapi/linux/magic.h, CGROUP2_SUPER_MAGIC).
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
@@ -38,42 +27,6 @@ pub fn version() -> CgroupVersion {
     } else {
         CgroupVersion::V1
     }
-}
-
-/// A CPU bandwidth limit of one cgroup on the path from the target's cgroup to the root.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CpuLimit {
-    pub cgroup: String,
-    /// Its directory, where its own `cpu.stat` is: a quota on an ancestor throttles the
-    /// whole subtree, and only the ancestor's counters show it.
-    #[serde(default)]
-    pub dir: PathBuf,
-    pub quota_us: u64,
-    pub period_us: u64,
-    /// quota / period: how many CPUs' worth of time per period.
-    pub cpus: f64,
-}
-
-/// Throttling counters of the cgroup, as `cpu.stat` reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Throttling {
-    pub nr_periods: u64,
-    pub nr_throttled: u64,
-    pub throttled_ns: u64,
-}
-
-/// Where the target's CPU controller files are, and what they say.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CpuCgroup {
-    pub version: CgroupVersion,
-    /// The target's cgroup directory with the cpu controller.
-    pub path: PathBuf,
-    /// Its path in the hierarchy, as /proc/PID/cgroup names it.
-    #[serde(default)]
-    pub name: String,
-    /// Limits set on it or on an ancestor (the smallest one binds).
-    pub limits: Vec<CpuLimit>,
-    pub throttling: Option<Throttling>,
 }
 
 /// Parses `cpu.max` ("max 100000" or "50000 100000").
@@ -252,17 +205,6 @@ pub fn cgroup2_paths(ids: &BTreeSet<u64>) -> BTreeMap<u64, String> {
         );
     }
     out
-}
-
-/// The target cgroup's throttling counters at one moment, and those of every cgroup with a
-/// limit on its path to the root (in the order of `CpuCgroup::limits`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CgroupSample {
-    pub t_ns: u64,
-    #[serde(flatten)]
-    pub throttling: Throttling,
-    #[serde(default)]
-    pub limited: Vec<Throttling>,
 }
 
 /// Reads the `cpu.stat` of the target's cgroup and of each limited ancestor on demand: the

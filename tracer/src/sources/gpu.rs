@@ -23,10 +23,10 @@ use nvml_wrapper::{
 };
 
 use super::{
+    clock::{monotonic_ns, realtime_ns, thread_cpu_ns},
     host,
-    perf::Capability,
-    process::{monotonic_ns, realtime_ns, thread_cpu_ns},
 };
+use crate::recording::Capability;
 use crate::recording::gpu::{
     CallCost, ClockAlignment, GpmValues, GpuDevice, GpuPoll, GpuRecording, UtilKind, UtilSample,
     intervals,

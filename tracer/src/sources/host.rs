@@ -3,59 +3,17 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::{
-    ebpf::layout,
-    perf::{Capability, PmuCapability},
-    process::realtime_minus_monotonic_ns,
-};
-
-/// The capabilities a recording relied on, with the reason for each one missing. A missing
-/// capability makes its signal "not assessed", never "absent".
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct Capabilities {
-    pub pmu: PmuCapability,
-    pub btf: Capability,
-    pub tracefs: Capability,
-    pub gpu: GpuCapability,
-}
-
-/// The GPU side: NVML sampling (`available`, `reason`), and beneath it GPM and the CUDA
-/// uprobes, each of which can be missing on its own.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct GpuCapability {
-    pub available: bool,
-    pub reason: String,
-    /// GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth): Hopper and later.
-    pub gpm: Capability,
-    /// Time the target's threads spend in synchronizing CUDA calls (uprobes on libcuda).
-    pub cuda: Capability,
-}
-
-impl GpuCapability {
-    pub fn from_parts(nvml: Capability, gpm: Capability, cuda: Capability) -> Self {
-        Self {
-            available: nvml.available,
-            reason: nvml.reason,
-            gpm,
-            cuda,
-        }
-    }
-}
+use super::{clock::realtime_minus_monotonic_ns, ebpf::layout};
+use crate::recording::Capability;
 
 fn yes(reason: impl Into<String>) -> Capability {
-    Capability {
-        available: true,
-        reason: reason.into(),
-    }
+    Capability::yes(reason)
 }
 
 fn no(reason: impl Into<String>) -> Capability {
-    Capability {
-        available: false,
-        reason: reason.into(),
-    }
+    Capability::no(reason)
 }
 
 /// Kernel BTF, which tp_btf programs and the task_struct offsets need.
@@ -223,21 +181,6 @@ pub fn host_meta(cpus: &[u32]) -> crate::recording::HostMeta {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-
-    /// A host where nothing optional is available, for analysis tests.
-    pub fn no_capabilities() -> Capabilities {
-        Capabilities {
-            pmu: PmuCapability {
-                available: false,
-                reason: "test".into(),
-                events: Default::default(),
-                llc_available: false,
-            },
-            btf: no("test"),
-            tracefs: no("test"),
-            gpu: GpuCapability::from_parts(no("test"), no("test"), no("test")),
-        }
-    }
 
     #[test]
     fn btf_missing_says_what_happens_instead() {

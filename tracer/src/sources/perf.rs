@@ -6,11 +6,11 @@
 
 use std::{io, os::fd::AsRawFd as _};
 
+use crate::recording::{PmuCapability, counters::slot_name};
 use perf_event::{
     Builder, Counter,
     events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Software},
 };
-use serde::{Deserialize, Serialize};
 use tracer_common::PerfSlot;
 
 /// Which counters to open.
@@ -38,18 +38,6 @@ const SOFTWARE: [PerfSlot; 3] = [
     PerfSlot::ContextSwitches,
     PerfSlot::CpuMigrations,
 ];
-
-pub fn slot_name(slot: PerfSlot) -> &'static str {
-    match slot {
-        PerfSlot::Cycles => "cycles",
-        PerfSlot::Instructions => "instructions",
-        PerfSlot::LlcReferences => "llc_references",
-        PerfSlot::LlcMisses => "llc_misses",
-        PerfSlot::CpuClock => "cpu_clock_ns",
-        PerfSlot::ContextSwitches => "context_switches",
-        PerfSlot::CpuMigrations => "cpu_migrations",
-    }
-}
 
 fn builder(slot: PerfSlot) -> Builder<'static> {
     fn b(e: impl Event + 'static) -> Builder<'static> {
@@ -116,24 +104,6 @@ pub fn explain(slot: PerfSlot, err: &io::Error) -> String {
         ),
         _ => err.to_string(),
     }
-}
-
-/// Whether a capability is there, and if not, why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
-pub struct Capability {
-    pub available: bool,
-    pub reason: String,
-}
-
-/// The PMU capability, with which events opened.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct PmuCapability {
-    pub available: bool,
-    pub reason: String,
-    /// Per hardware event: opened or not.
-    pub events: std::collections::BTreeMap<String, bool>,
-    /// The last-level-cache events opened: cache thrash can be assessed.
-    pub llc_available: bool,
 }
 
 /// The counters opened for a recording, one per (slot, online CPU). Dropping it closes them.
@@ -231,15 +201,6 @@ fn pmu_capability(
         events,
         llc_available,
     }
-}
-
-/// Names of the slots set in `mask`.
-pub fn slot_names(mask: u32) -> Vec<&'static str> {
-    PerfSlot::ALL
-        .iter()
-        .filter(|&&s| mask & (1 << s as u32) != 0)
-        .map(|&s| slot_name(s))
-        .collect()
 }
 
 #[cfg(test)]

@@ -8,8 +8,11 @@ use std::{
 
 use procfs::process::Process;
 
-use super::pidns::{self, PidNamespace};
-use crate::recording::{ProcCounts, children::ChildSnapshot};
+use super::{
+    clock::monotonic_ns,
+    pidns::{self, PidNamespace},
+};
+use crate::recording::{ProcCounts, ThreadInfo, children::ChildSnapshot};
 
 use crate::error::TracerError;
 
@@ -37,15 +40,6 @@ pub struct Target {
     /// cannot stand for another one while it is held, and it becomes readable when the
     /// process exits. None where pidfd_open is missing (before Linux 5.3).
     pub pidfd: Option<Arc<OwnedFd>>,
-}
-
-/// What /proc says of one thread when the recording starts.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ThreadInfo {
-    pub tid: u32,
-    pub comm: String,
-    /// The state letter of /proc/PID/task/TID/stat (R, S, D, ...).
-    pub state: char,
 }
 
 /// One field of /proc/PID/status, read as bytes: the file also holds the thread's name, which
@@ -383,38 +377,4 @@ pub fn own_usage() -> (u64, u64) {
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     let cpu_ns = (us(ru.ru_utime) + us(ru.ru_stime)) * 1000;
     (cpu_ns, ru.ru_maxrss as u64 * 1024)
-}
-
-/// Reads CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-/// Reads CLOCK_REALTIME (NVML's driver samples are stamped with it).
-pub fn realtime_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
-}
-
-/// The calling thread's own CPU time.
-pub fn thread_cpu_ns() -> u64 {
-    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; the clocks used always exist.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// CLOCK_REALTIME minus CLOCK_MONOTONIC now: the realtime reading taken between two monotonic
-/// ones, against their midpoint.
-pub fn realtime_minus_monotonic_ns() -> i64 {
-    let a = monotonic_ns();
-    let r = clock_ns(libc::CLOCK_REALTIME);
-    let b = monotonic_ns();
-    r as i64 - (a / 2 + b / 2) as i64
 }

@@ -2,10 +2,13 @@
 //! `format.rs` is the byte layout; `writer.rs` writes incrementally to a temporary file and
 //! renames it when done; `frames.rs` reads frames back one at a time (checksums, the bound on
 //! the decompressed size); `reader.rs` holds them to the file's order and recovers what it can
-//! from a damaged file; `recover.rs` turns what was read into a recording.
+//! from a damaged file; `recover.rs` turns what was read into a recording. `output.rs` is what
+//! every output file (trace, HTML, Perfetto) goes through: which paths are accepted, the
+//! rename into place, the owner.
 
 pub mod format;
 pub mod frames;
+pub mod output;
 pub mod reader;
 pub mod recover;
 #[cfg(test)]
@@ -14,10 +17,7 @@ pub mod writer;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    recording::{HostMeta, TargetMeta},
-    sources::ebpf::ProbeMode,
-};
+use crate::recording::{HostMeta, ProbeMode, TargetMeta};
 
 /// What a trace file says of itself first, so that even a file cut short after it can be
 /// placed and partly read.
@@ -34,7 +34,7 @@ pub struct TraceMeta {
     /// Perf counter slots measured (`PerfSlot` bits).
     pub counter_mask: u32,
     /// The target's threads when the recording started.
-    pub threads: std::collections::BTreeMap<u32, crate::sources::process::ThreadInfo>,
+    pub threads: std::collections::BTreeMap<u32, crate::recording::ThreadInfo>,
     /// The tool's PID namespace as listed when the recording started, if it ran in one.
     #[serde(default)]
     pub pid_namespace: Option<crate::recording::PidNamespaceIds>,

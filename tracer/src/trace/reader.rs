@@ -15,10 +15,7 @@ use super::{
     format::{Damage, FrameKind, read_header},
     frames::{Frame, FrameReader},
 };
-use crate::{
-    recording::{Recording, gpu::GpuPoll},
-    sources::cgroup::CgroupSample,
-};
+use crate::recording::{Recording, cgroup::CgroupSample, gpu::GpuPoll};
 
 /// Everything read from a trace file.
 pub struct TraceContents {
@@ -181,7 +178,7 @@ fn placeholder_meta() -> TraceMeta {
             cmdline: vec![],
         },
         host: Default::default(),
-        probe_mode: crate::sources::ebpf::ProbeMode::TpBtf,
+        probe_mode: crate::recording::ProbeMode::TpBtf,
         start_ns: 0,
         bin_ns: 0,
         counter_mask: 0,

@@ -7,14 +7,11 @@ use super::{TraceMeta, reader::TraceContents};
 use crate::{
     analysis::timeline::{self, State, ThreadTimeline},
     recording::{
-        EndReason, Recording, ThreadRecord, WaitSamples,
+        Capabilities, Capability, EndReason, GpuCapability, Losses, PmuCapability, Recording,
+        ThreadRecord, WaitSamples,
         collect::Collector,
         gpu::{GpuDevice, GpuRecording},
-    },
-    sources::{
-        ebpf::{Losses, split},
-        host::{Capabilities, GpuCapability},
-        perf::{Capability, PmuCapability},
+        records::split,
     },
 };
 
@@ -77,7 +74,7 @@ fn unknown(what: &str) -> Capability {
 fn partial(
     meta: &TraceMeta,
     polls: Vec<crate::recording::gpu::GpuPoll>,
-    cgroup: Vec<crate::sources::cgroup::CgroupSample>,
+    cgroup: Vec<crate::recording::cgroup::CgroupSample>,
     why: String,
 ) -> Recording {
     let mut devices: Vec<u32> = polls.iter().map(|p| p.device).collect();

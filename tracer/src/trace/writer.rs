@@ -16,10 +16,7 @@ use super::{
     TraceMeta,
     format::{FrameKind, write_frame, write_header},
 };
-use crate::{
-    recording::{Recording, gpu::GpuPoll},
-    sources::cgroup::CgroupSample,
-};
+use crate::recording::{Recording, cgroup::CgroupSample, gpu::GpuPoll};
 
 /// How often buffered timeline records are written out.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -39,13 +36,6 @@ pub struct TraceWriter {
     failed: Option<String>,
 }
 
-/// `PATH.tmp`, beside `PATH`.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
-}
-
 fn cbor<T: serde::Serialize>(v: &T) -> Vec<u8> {
     let mut out = Vec::new();
     ciborium::into_writer(v, &mut out).expect("in-memory CBOR encoding cannot fail");
@@ -57,8 +47,8 @@ impl TraceWriter {
     /// symbolic link, if a `PATH.tmp` is left from an interrupted recording, or if the
     /// directory is not writable.
     pub fn create(path: &Path) -> Result<Self> {
-        crate::output::check_replaceable(path)?;
-        let tmp = temp_path(path);
+        super::output::check_replaceable(path)?;
+        let tmp = super::output::temp_path(path);
         let file = match create_temp(&tmp) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 leftover(&tmp)?;
@@ -82,7 +72,7 @@ impl TraceWriter {
                 tmp.display()
             );
         }
-        crate::output::own_by_invoker(&file);
+        super::output::own_by_invoker(&file);
         let mut out = BufWriter::new(file);
         write_header(&mut out).with_context(|| format!("writing {}", tmp.display()))?;
         Ok(Self {
@@ -175,7 +165,7 @@ impl TraceWriter {
         let file = out.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
         file.sync_all()
             .with_context(|| format!("syncing {}", self.tmp.display()))?;
-        crate::output::rename_into_place(&self.tmp, &self.path)?;
+        super::output::rename_into_place(&self.tmp, &self.path)?;
         // The rename itself is durable once the directory is synced.
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
             && let Ok(d) = File::open(dir)
@@ -194,7 +184,7 @@ impl TraceWriter {
 /// Writes `bytes` to `path` all at once: into a temporary file beside it (0600, never through
 /// a symbolic link), then renamed over `path`, which must be absent or a regular file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::output::check_replaceable(path)?;
+    super::output::check_replaceable(path)?;
     let _deferred = crate::signals::Deferred::new();
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
@@ -206,7 +196,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        crate::output::own_by_invoker(&f);
+        super::output::own_by_invoker(&f);
         f.write_all(bytes)?;
         f.sync_all()
     })();
@@ -214,7 +204,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         bail!("cannot write {}: {e}", path.display());
     }
-    crate::output::rename_into_place(&tmp, path)
+    super::output::rename_into_place(&tmp, path)
 }
 
 fn create_temp(tmp: &Path) -> std::io::Result<File> {

@@ -8,14 +8,14 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
 
 use super::server::{set_affinity, set_thread_name};
-use crate::sources::process::monotonic_ns;
+use crate::sources::clock::monotonic_ns;
 
 #[derive(Debug, Args, Clone)]
 pub struct DisturbArgs {
     #[command(subcommand)]
     pub kind: Disturbance,
     /// Stop after this long.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration, global = true)]
+    #[arg(long, default_value = "10s", value_parser = crate::units::parse_duration, global = true)]
     pub duration: Duration,
     /// Run on these CPUs only.
     #[arg(long, value_delimiter = ',', global = true)]
@@ -41,7 +41,7 @@ pub enum Disturbance {
         #[arg(long)]
         pid: u32,
         /// Mean time between moves.
-        #[arg(long, default_value = "2ms", value_parser = crate::cli::parse_duration)]
+        #[arg(long, default_value = "2ms", value_parser = crate::units::parse_duration)]
         every: Duration,
     },
 }

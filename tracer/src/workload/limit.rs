@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use crate::sources::cgroup::{CgroupVersion, cpu_root, version};
+use crate::{
+    recording::cgroup::CgroupVersion,
+    sources::cgroup::{cpu_root, version},
+};
 
 /// The bandwidth period: the kernel's default, so a quota of q CPUs lets the group run
 /// q x 100 ms in every 100 ms.

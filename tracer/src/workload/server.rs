@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 
 use super::work::Work;
-use crate::{recording::requests::RequestSpan, sources::process::monotonic_ns};
+use crate::{recording::requests::RequestSpan, sources::clock::monotonic_ns};
 
 #[derive(Debug, Args, Clone)]
 pub struct WorkloadArgs {
@@ -42,7 +42,7 @@ pub struct WorkloadArgs {
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
     /// Run this long, then write the log and exit.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
     /// Where to write one JSON line per request: {"start_ns", "end_ns", "tid", "id"}, after a
     /// {"clock": "monotonic"} line (the format `--latencies` reads).

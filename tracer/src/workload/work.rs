@@ -4,7 +4,7 @@
 //! dependent walk through it (each step waits for the load before), so its speed is the
 //! speed of the cache level the working set lives in.
 
-use crate::sources::process::thread_cpu_ns;
+use crate::sources::clock::thread_cpu_ns;
 
 const LINE: usize = 64;
 const WORDS_PER_LINE: usize = LINE / 8;

@@ -87,10 +87,10 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
                 mechanism: super::contention::mechanism(s),
                 share: 0.0,
                 evidence: format!(
-                    "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {:.1} s){}",
+                    "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {}){}",
                     pct(contention_ns / wanted, ""),
                     ms(contention_ns),
-                    secs,
+                    crate::units::dur(s.duration_ns),
                     super::contention::caused(s, "")
                 ),
                 advice: super::contention::advice(s),

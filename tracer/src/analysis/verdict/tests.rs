@@ -6,17 +6,17 @@ use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot};
 use super::*;
 use crate::{
     analysis::{
-        summary::summarize,
+        summarize,
         testutil::{recording, thread},
         timeline::{self, State},
     },
     recording::{
         CgroupRecording, CudaSpan, CudaTotals, PreemptorRecord, Recording,
+        cgroup::{CgroupSample, CgroupVersion, CpuCgroup, Throttling},
         gpu::{GpuDevice, GpuRecording, UtilKind, UtilSample},
         requests::{RequestSet, RequestSource, RequestSpan},
         waits::WaitTracker,
     },
-    sources::cgroup::{CgroupSample, CgroupVersion, CpuCgroup, Throttling},
 };
 
 const MS: u64 = 1_000_000;

@@ -15,7 +15,7 @@ use super::{BASELINE, DemoArgs, Outcome, Reaped, Scenario, latency_stats, outcom
 use crate::{
     cli::{load_latencies, runtime},
     session::record,
-    sources::process::{Target, monotonic_ns},
+    sources::{clock::monotonic_ns, process::Target},
 };
 
 static SCRIPT: &str = include_str!("../../workload/gpu_server.py");

@@ -17,17 +17,19 @@ use serde::Serialize;
 
 pub use scenario::Scenario;
 
-use super::{RecordArgs, parse_duration, runtime};
+use super::{RecordArgs, runtime};
 use crate::{
-    analysis::summary::{Summary, summarize},
+    analysis::{summarize, summary::Summary},
     recording::{Recording, requests::RequestSpan},
-    render::{self, text::dur},
+    render,
     session::record,
     sources::{
+        clock::monotonic_ns,
         ebpf::requests::{Marker, RequestMarkers},
         privileges,
-        process::{Target, monotonic_ns},
+        process::Target,
     },
+    units::dur,
     workload::{limit::CpuLimit, server::set_affinity},
 };
 
@@ -37,7 +39,7 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "cpu-contention")]
     pub scenario: Scenario,
     /// How long to record once the disturbance is on.
-    #[arg(long, short, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, short, default_value = "5s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
     #[command(flatten)]
     pub record: RecordArgs,

@@ -15,7 +15,7 @@ use aya::{
 use tracer_common::CudaFn;
 
 use super::elf;
-use crate::sources::perf::Capability;
+use crate::recording::Capability;
 
 /// The first mapped library of `pid` whose file name starts with `prefix`, as a path this
 /// process can open, and as the target sees it.

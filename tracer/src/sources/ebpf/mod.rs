@@ -9,10 +9,7 @@ pub mod floor;
 pub mod layout;
 mod read;
 pub mod requests;
-mod ring;
 mod slots;
-
-pub use ring::{Record, decode, encode, split};
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -26,11 +23,17 @@ use aya::{
     maps::{HashMap, Map, MapData, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
-use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 use tracer_common::{Config, CudaThread, ThreadCounters, ThreadStats};
 
-use crate::{error::TracerError, sources::perf::PerfSet};
+use crate::{
+    error::TracerError,
+    recording::{
+        ProbeMode,
+        records::{Record, split},
+    },
+    sources::perf::PerfSet,
+};
 
 /// The eBPF object built by build.rs from `tracer-ebpf`.
 pub(crate) static OBJECT: &[u8] =
@@ -42,14 +45,6 @@ pub enum ProbeChoice {
     /// tp_btf where the kernel has BTF, classic tracepoints otherwise.
     Auto,
     Btf,
-    Classic,
-}
-
-/// The family actually attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ProbeMode {
-    TpBtf,
     Classic,
 }
 
@@ -82,33 +77,6 @@ enum Link {
     // Held only to keep the attachment alive; dropping it detaches.
     Btf(#[allow(dead_code)] BtfTracePointLink),
     Classic(#[allow(dead_code)] TracePointLink),
-}
-
-/// What the kernel side could not record.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub struct Losses {
-    /// Timeline events lost to a full ring buffer (in-kernel totals stay exact).
-    pub ringbuf_dropped: u64,
-    pub thread_map_full: u64,
-    pub preemptor_map_full: u64,
-    pub migration_map_full: u64,
-    /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched.rs`).
-    pub unseen_switch_ins: u64,
-    /// Switches off a CPU the kernel did not trace, repaired.
-    pub unseen_switch_outs: u64,
-    /// Perf counter reads that failed: those slices' counters are missing.
-    pub perf_read_failed: u64,
-    /// Not a loss: how exact the wakeup times were. The wakeup programs convert the run
-    /// queue's clock to monotonic time with a per-CPU difference, the smallest of the first
-    /// 16 wakeups of each tick (tracer-ebpf `clock.rs`); each tick's first wakeup checks the
-    /// last tick's difference against the clock helper. `clock_checks` counts those checks
-    /// and `clock_error_ns` adds up their errors.
-    #[serde(default)]
-    pub clock_checks: u64,
-    #[serde(default)]
-    pub clock_error_ns: u64,
 }
 
 /// Dead threads moved out of the kernel maps: their totals, counters and CUDA accounting.
@@ -147,15 +115,15 @@ pub struct SchedProbes {
     links: Vec<Link>,
     events: AsyncFd<RingBuf<MapData>>,
     /// What `capabilities.btf` says: from the load, so the BTF is not parsed again.
-    pub btf_capability: crate::sources::perf::Capability,
+    pub btf_capability: crate::recording::Capability,
     /// Why tp_btf was not used, when it was not.
     pub fallback_reason: Option<String>,
     /// The PMU capability and the counter slots the programs read.
-    pub pmu: crate::sources::perf::PmuCapability,
+    pub pmu: crate::recording::PmuCapability,
     pub counter_mask: u32,
     /// CUDA uprobes, and whether they could be attached.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
-    pub cuda: crate::sources::perf::Capability,
+    pub cuda: crate::recording::Capability,
     /// Request marker uprobes.
     marker_links: Vec<aya::programs::uprobe::UProbeLink>,
     slots: slots::ThreadSlots,
@@ -283,7 +251,7 @@ impl SchedProbes {
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
         let btf_capability = match &btf {
-            Some(_) => crate::sources::perf::Capability {
+            Some(_) => crate::recording::Capability {
                 available: true,
                 reason: format!(
                     "{} parsed; task_struct offsets found; {}",
@@ -314,7 +282,7 @@ impl SchedProbes {
             pmu: perf.pmu.clone(),
             counter_mask: perf.mask,
             cuda_links: Vec::new(),
-            cuda: crate::sources::perf::Capability {
+            cuda: crate::recording::Capability {
                 available: false,
                 reason: "CUDA probes not attached".into(),
             },

@@ -8,7 +8,8 @@ use tracer_common::{
     ThreadStats,
 };
 
-use super::{Losses, Reaped, SchedProbes};
+use super::{Reaped, SchedProbes};
+use crate::recording::Losses;
 
 impl SchedProbes {
     fn threads_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadStats>> {

@@ -1,0 +1,38 @@
+//! How the kernel side recorded: which tracepoints, and what it could not record.
+
+use serde::{Deserialize, Serialize};
+
+/// The family actually attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeMode {
+    TpBtf,
+    Classic,
+}
+
+/// What the kernel side could not record.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct Losses {
+    /// Timeline events lost to a full ring buffer (in-kernel totals stay exact).
+    pub ringbuf_dropped: u64,
+    pub thread_map_full: u64,
+    pub preemptor_map_full: u64,
+    pub migration_map_full: u64,
+    /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched.rs`).
+    pub unseen_switch_ins: u64,
+    /// Switches off a CPU the kernel did not trace, repaired.
+    pub unseen_switch_outs: u64,
+    /// Perf counter reads that failed: those slices' counters are missing.
+    pub perf_read_failed: u64,
+    /// Not a loss: how exact the wakeup times were. The wakeup programs convert the run
+    /// queue's clock to monotonic time with a per-CPU difference, the smallest of the first
+    /// 16 wakeups of each tick (tracer-ebpf `clock.rs`); each tick's first wakeup checks the
+    /// last tick's difference against the clock helper. `clock_checks` counts those checks
+    /// and `clock_error_ns` adds up their errors.
+    #[serde(default)]
+    pub clock_checks: u64,
+    #[serde(default)]
+    pub clock_error_ns: u64,
+}
