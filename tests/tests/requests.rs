@@ -80,15 +80,18 @@ fn markers_agree_with_the_servers_own_log() {
         walls.len()
     );
     // Wall times agree within the uprobes' own cost (a few microseconds per hit on this VM):
-    // 3 % + 50 us on p50 and p99. The two sets differ by the few requests at the edges, which
+    // 3 % + 50 us on p50. The two sets differ by the few requests at the edges, which
     // can move a quantile by as many ranks: in a sparse tail p99 is then the next request's
     // (1.27 ms against 1.18 ms once), so each is compared with the log's quantiles that many
-    // ranks either side.
+    // ranks either side. And a request whose vCPU the host took between the marker and the
+    // server's own clock read is longer by that much to the markers: p99 is where those land
+    // (1.87 ms against at most 1.72 ms once, in a loop of 20 on a busy host), so p99 is
+    // allowed 15 %.
     let ranks = (n.abs_diff(walls.len() as u64) + 1) as f64 / walls.len() as f64;
-    for (p, key) in [(0.5, "p50_ns"), (0.99, "p99_ns")] {
+    for (p, key, pct) in [(0.5, "p50_ns", 3), (0.99, "p99_ns", 15)] {
         let ours = u(&r[key]);
         let (lo, hi) = (q(&walls, p - ranks), q(&walls, (p + ranks).min(1.0)));
-        let tol = hi * 3 / 100 + 50_000;
+        let tol = hi * pct / 100 + 50_000;
         assert!(
             ours + tol >= lo && ours <= hi + tol,
             "{key}: markers {ours}, log {lo}..{hi}"
