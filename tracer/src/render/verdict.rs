@@ -99,7 +99,7 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
     let _ = writeln!(
         out,
         "\nRequests: {} decomposed ({} left out: unpaired, or not wholly in the window), p50 {}  p90 {}  p99 {}  max {}; {:.0}% close \
-         within 5 % of their wall time",
+         within 5% of their wall time",
         r.requests,
         r.unpaired,
         dur(r.p50_ns),
