@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeSet, process::Command, time::Instant};
 
-use tracer_tests::{Kill, Testload, require_root, run_tracer, serial, u};
+use tracer_tests::{Kill, Testload, kernel_counts, require_root, run_tracer, serial, u};
 
 /// The PIDs /proc lists as `pid`'s children.
 fn children_of(pid: u32) -> BTreeSet<u64> {
@@ -14,12 +14,9 @@ fn children_of(pid: u32) -> BTreeSet<u64> {
         .collect()
 }
 
-/// A process's on-CPU time so far (its main thread's, from /proc/PID/schedstat).
+/// A single-threaded process's on-CPU time so far (/proc/PID/schedstat).
 fn on_cpu_ns(pid: u64) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    kernel_counts(pid as u32, pid as u32).map_or(0, |k| k.oncpu_ns)
 }
 
 fn neighbours(doc: &serde_json::Value) -> &Vec<serde_json::Value> {

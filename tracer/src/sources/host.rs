@@ -8,38 +8,30 @@ use serde::Serialize;
 use super::{clock::realtime_minus_monotonic_ns, ebpf::layout};
 use crate::recording::Capability;
 
-fn yes(reason: impl Into<String>) -> Capability {
-    Capability::yes(reason)
-}
-
-fn no(reason: impl Into<String>) -> Capability {
-    Capability::no(reason)
-}
-
 /// Kernel BTF, which tp_btf programs and the task_struct offsets need.
 pub fn btf(path: &Path) -> Capability {
     if !path.exists() {
-        return no(format!(
+        return Capability::no(format!(
             "{} is missing: the kernel was built without CONFIG_DEBUG_INFO_BTF; classic \
              tracepoints are used instead",
             path.display()
         ));
     }
     match layout::TaskOffsets::from_btf_file(path) {
-        Ok(o) => yes(format!(
+        Ok(o) => Capability::yes(format!(
             "{} parsed; task_struct offsets found; {}",
             path.display(),
             layout::wakeup_clock_note(o.rq_clock.is_some())
         )),
-        Err(e) => no(format!("{} unusable: {e:#}", path.display())),
+        Err(e) => Capability::no(format!("{} unusable: {e:#}", path.display())),
     }
 }
 
 /// tracefs, which only the classic fallback needs.
 pub fn tracefs() -> Capability {
     match layout::find_tracefs() {
-        layout::Tracefs::At(root) => yes(format!("mounted at {}", root.display())),
-        other => no(format!(
+        layout::Tracefs::At(root) => Capability::yes(format!("mounted at {}", root.display())),
+        other => Capability::no(format!(
             "{} (only needed without BTF)",
             other.problem().unwrap_or_default()
         )),
@@ -69,7 +61,7 @@ impl GpuReport {
     /// Whether any of the GPUs offers GPM.
     pub fn gpm(&self) -> Capability {
         if !self.capability.available {
-            return no(format!("no GPU: {}", self.capability.reason));
+            return Capability::no(format!("no GPU: {}", self.capability.reason));
         }
         let with: Vec<String> = self
             .gpus
@@ -78,12 +70,12 @@ impl GpuReport {
             .map(|g| g.index.to_string())
             .collect();
         if with.is_empty() {
-            no(
+            Capability::no(
                 "GPM unsupported on these GPUs (it needs Hopper or later): SM activity, \
                 occupancy, tensor and DRAM metrics are not assessed",
             )
         } else {
-            yes(format!("GPM on GPU {}", with.join(", ")))
+            Capability::yes(format!("GPM on GPU {}", with.join(", ")))
         }
     }
 }
@@ -115,7 +107,7 @@ pub fn gpu() -> GpuReport {
         Ok(n) => n,
         Err(e) => {
             return GpuReport {
-                capability: no(nvml_error_reason(&e)),
+                capability: Capability::no(nvml_error_reason(&e)),
                 driver_version: None,
                 gpus: vec![],
             };
@@ -135,9 +127,9 @@ pub fn gpu() -> GpuReport {
         })
         .collect();
     let capability = if gpus.is_empty() {
-        no("NVML works but reports no GPU")
+        Capability::no("NVML works but reports no GPU")
     } else {
-        yes(format!(
+        Capability::yes(format!(
             "{} GPU(s) through NVML, driver {}",
             gpus.len(),
             driver_version.as_deref().unwrap_or("unknown")
