@@ -107,6 +107,7 @@ fn a_quota_on_an_ancestor_cgroup_is_the_cause_named() {
     let v = &doc["verdict"];
     assert_eq!(v["primary"], "scheduling", "{v}");
     assert_eq!(v["causes"][0]["mechanism"], "cgroup CPU throttling", "{v}");
+    assert_eq!(v["causes"][0]["mechanism_id"], "cgroup_throttling", "{v}");
     let evidence = v["causes"][0]["evidence"].as_str().unwrap();
     assert!(evidence.contains(&parent), "{evidence}");
     drop((spin, other));

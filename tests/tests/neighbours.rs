@@ -81,6 +81,14 @@ fn workers_of_one_command_outrank_the_targets_own_threads() {
         "{headline}"
     );
     assert!(!headline.contains("among its own threads"), "{headline}");
+    // Scripts get the same without parsing text: the cause's id and who, by PID.
+    let cause = &doc["verdict"]["causes"][0];
+    assert_eq!(cause["mechanism_id"], "run_queue_contention", "{cause}");
+    let by = &cause["mechanism_data"]["by"][0];
+    assert_eq!(by["kind"], "command", "{cause}");
+    assert_eq!(by["name"], "stress-ng-cpu", "{cause}");
+    let named: BTreeSet<u64> = by["pids"].as_array().unwrap().iter().map(u).collect();
+    assert!(named.is_subset(&workers) && !named.is_empty(), "{cause}");
 }
 
 #[test]

@@ -52,7 +52,7 @@ pub struct Neighbour {
 impl Neighbour {
     /// The migration stopper's waiting is the cost of migrations, not contention.
     pub fn is_stopper(&self) -> bool {
-        self.name.starts_with("migration/")
+        crate::recording::is_migration_stopper(&self.name)
     }
 }
 
@@ -105,11 +105,13 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
                 NeighbourKind::Children,
                 "its child processes".to_string(),
             )
-        } else if !process.starts_with("migration/") && own_cgroup(&cgroup, target_cgroup) {
+        } else if !crate::recording::is_migration_stopper(&process)
+            && own_cgroup(&cgroup, target_cgroup)
+        {
             (Key::Cgroup(cgroup.clone()), NeighbourKind::Cgroup, cgroup)
         } else if let Some(ppid) = r
             .and_then(|r| r.ppid)
-            .filter(|_| !process.starts_with("migration/"))
+            .filter(|_| !crate::recording::is_migration_stopper(&process))
         {
             (
                 Key::Command(process.clone(), ppid),

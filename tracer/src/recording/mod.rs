@@ -121,6 +121,12 @@ impl ThreadRecord {
     }
 }
 
+/// The kernel's per-CPU migration stopper (`migration/N`): the CPU time it takes is the cost
+/// of moving threads, not contention.
+pub fn is_migration_stopper(comm: &str) -> bool {
+    comm.starts_with("migration/")
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PreemptorRecord {
     pub pid: u32,

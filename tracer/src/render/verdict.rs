@@ -16,7 +16,7 @@ pub fn render(s: &Summary, out: &mut String) {
         };
         let _ = writeln!(out, "\nCauses, ranked (share {of}):");
         for (i, c) in v.causes.iter().enumerate() {
-            let cause = serde_json::to_value(c.cause)
+            let cause = serde_json::to_value(c.cause())
                 .ok()
                 .and_then(|x| x.as_str().map(String::from))
                 .unwrap_or_default();

@@ -2,10 +2,10 @@
 //! their latency is steady): how much of the time the threads wanted a CPU they lost, and to
 //! what; the GPU's state while they waited on it; their MPKI against their own baseline.
 
-use super::{Cause, Primary, gpu_mechanism, ms, pct, throttle_evidence, throttled};
+use super::{Cause, Mechanism, gpu_mechanism, ms, pct, throttle_evidence, throttled};
 use crate::{
     analysis::summary::Summary,
-    recording::{printable, waits::WaitClasses},
+    recording::{is_migration_stopper, printable, waits::WaitClasses},
 };
 
 /// Run-queue contention worth naming: 10 % of the time the threads wanted a CPU. Below that,
@@ -63,7 +63,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
             .sum()
     };
     let idle_share = share_of(&|p| p.tgid == 0);
-    let stopper_share = share_of(&|p| p.comm.starts_with("migration/"));
+    let stopper_share = share_of(&|p| is_migration_stopper(&p.comm));
     let runq = t.runq_wait_ns as f64;
     let attributed = !s.preemptor_processes.is_empty();
     let idle_ns = runq * idle_share;
@@ -82,52 +82,46 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     if contention_ns / wanted >= CONTENTION_MIN {
         lost.push(Lost {
             ns: contention_ns,
-            cause: Cause {
-                cause: Primary::Scheduling,
-                mechanism: super::contention::mechanism(s),
-                share: 0.0,
-                evidence: format!(
+            cause: Cause::new(
+                super::contention::mechanism(s),
+                0.0,
+                format!(
                     "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {}){}",
                     pct(contention_ns / wanted, ""),
                     ms(contention_ns),
                     crate::units::dur(s.duration_ns),
                     super::contention::caused(s, "")
                 ),
-                advice: super::contention::advice(s),
-            },
+            ),
         });
     }
 
     if throttled(s) && idle_ns / wanted >= THROTTLE_MIN {
         lost.push(Lost {
             ns: idle_ns,
-            cause: Cause {
-                cause: Primary::Scheduling,
-                mechanism: "cgroup CPU throttling".into(),
-                share: 0.0,
-                evidence: format!(
+            cause: Cause::new(
+                Mechanism::CgroupThrottling,
+                0.0,
+                format!(
                     "runnable while their CPU idled for {} ({} of the wanted time); {}",
                     ms(idle_ns),
                     pct(idle_ns / wanted, ""),
                     throttle_evidence(s)
                 ),
-                advice: "Raise the cgroup's CPU quota (cpu.max, cpu.cfs_quota_us) above the server's peak use, or lift it.".into(),
-            },
+            ),
         });
     } else if idle_ns / wanted >= CONTENTION_MIN {
         lost.push(Lost {
             ns: idle_ns,
-            cause: Cause {
-                cause: Primary::Scheduling,
-                mechanism: "wakeup latency of idle CPUs".into(),
-                share: 0.0,
-                evidence: format!(
+            cause: Cause::new(
+                Mechanism::IdleCpuWakeup,
+                0.0,
+                format!(
                     "runnable while their CPU idled for {} ({} of the wanted time), with no cgroup throttling seen",
                     ms(idle_ns),
                     pct(idle_ns / wanted, "")
                 ),
-                advice: "Idle CPUs are slow to wake (deep C-states, or a VM's vCPU descheduled): limit C-states or keep the CPUs polling.".into(),
-            },
+            ),
         });
     }
 
@@ -136,11 +130,10 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         let ns = migration_wait_ns + stopper_ns;
         lost.push(Lost {
             ns: ns.max(1.0),
-            cause: Cause {
-                cause: Primary::Scheduling,
-                mechanism: "migrations".into(),
-                share: 0.0,
-                evidence: format!(
+            cause: Cause::new(
+                Mechanism::Migrations,
+                0.0,
+                format!(
                     "{forced_rate:.0} forced moves per second per busy thread ({} migrations in all: {} same-LLC, {} cross-LLC, {} cross-NUMA); {} waiting after moves and behind the migration stopper",
                     t.migrations,
                     t.migrations_same_llc + t.migrations_same_core,
@@ -148,8 +141,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
                     t.migrations_cross_numa,
                     ms(ns)
                 ),
-                advice: "Pin the server's threads (taskset, cpuset) and find what keeps changing their affinity or rebalancing them.".into(),
-            },
+            ),
         });
     }
 
@@ -160,31 +152,23 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     {
         lost.push(Lost {
             ns: s.cuda.sync_ns as f64,
-            cause: Cause {
-                cause: Primary::GpuSaturation,
-                advice: super::gpu_advice(&gpu_mechanism(s, None)),
-                mechanism: gpu_mechanism(s, None),
-                share: 0.0,
-                evidence: format!(
+            cause: Cause::new(
+                gpu_mechanism(s, None),
+                0.0,
+                format!(
                     "GPU {u:.0}% busy; a thread spent {} of its busy time waiting in CUDA synchronization ({} calls, {} in all)",
                     pct(s.cuda.max_thread_sync_busy_share, ""),
                     s.cuda.sync_calls,
                     ms(s.cuda.sync_ns as f64)
                 ),
-            },
+            ),
         });
     }
 
     if let Some((ns, evidence)) = cache_loss(s) {
         lost.push(Lost {
             ns,
-            cause: Cause {
-                cause: Primary::CacheThrash,
-                mechanism: "LLC misses".into(),
-                share: 0.0,
-                evidence,
-                advice: "Something evicts the server's cache: move the neighbour off its LLC, or partition the LLC (resctrl/CAT).".into(),
-            },
+            cause: Cause::new(Mechanism::LlcMisses, 0.0, evidence),
         });
     }
 

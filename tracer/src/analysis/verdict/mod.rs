@@ -6,12 +6,14 @@
 
 mod contention;
 mod impediments;
+pub mod mechanism;
 pub mod model;
 mod requests;
 
-pub use model::{Basis, Cause, NotAssessed, Primary, Verdict};
+pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};
 
 use super::summary::Summary;
+use mechanism::{ClockCap, ClocksHeld};
 
 /// Causes below this share are left out of the ranking: too small to act on.
 pub const MIN_SHARE: f64 = 0.10;
@@ -36,7 +38,7 @@ pub fn judge(s: &Summary) -> Verdict {
         _ => (Basis::LostTime, ranked(window, 0.0)),
     };
     let primary = match (causes.first(), reqs) {
-        (Some(c), _) => c.cause,
+        (Some(c), _) => c.cause(),
         (None, Some(r)) if r.jitter => Primary::Unexplained,
         _ => Primary::None,
     };
@@ -59,7 +61,7 @@ pub fn judge(s: &Summary) -> Verdict {
 fn explain_queueing(mut causes: Vec<Cause>, window: &[Cause]) -> Vec<Cause> {
     let Some(q) = causes
         .iter()
-        .position(|c| c.mechanism == requests::QUEUEING)
+        .position(|c| c.mechanism == Mechanism::Queueing)
     else {
         return causes;
     };
@@ -77,14 +79,14 @@ fn explain_queueing(mut causes: Vec<Cause>, window: &[Cause]) -> Vec<Cause> {
                     add * 100.0
                 ));
             }
-            None => causes.push(Cause {
-                share: add,
-                evidence: format!(
+            None => causes.push(Cause::new(
+                w.mechanism.clone(),
+                add,
+                format!(
                     "{}; the tail queued behind earlier requests ({}), the backlog this left",
                     w.evidence, queue.evidence
                 ),
-                ..w.clone()
-            }),
+            )),
         }
     }
     causes
@@ -247,7 +249,7 @@ fn target_gpu_util(s: &Summary) -> Option<f64> {
 /// held down by power or heat), device-wide synchronization waiting for other work of the same
 /// process, or longer GPU work. `device_sync`: the share of the tail's GPU waits spent in device-wide
 /// synchronization, when requests were decomposed.
-fn gpu_mechanism(s: &Summary, device_sync: Option<f64>) -> String {
+fn gpu_mechanism(s: &Summary, device_sync: Option<f64>) -> Mechanism {
     let util = target_gpu_util(s);
     let own = s.gpu.as_ref().and_then(|g| {
         g.devices
@@ -273,67 +275,44 @@ fn gpu_mechanism(s: &Summary, device_sync: Option<f64>) -> String {
         && u >= impediments::GPU_BUSY_PCT
         && u - o >= OTHERS_GPU_MIN_PCT
     {
-        return format!(
-            "SM saturation by other processes (GPU {u:.0}% busy, {o:.0}% of it the server's kernels)"
-        );
+        return Mechanism::SmSaturationByOthers {
+            gpu_busy_pct: u,
+            own_sm_pct: o,
+        };
     }
     // A power or thermal cap only matters to a GPU that is working hard: the H200 we measured
     // on reports its power-cap reason at 15 % utilization too, with its clocks at full speed.
-    let clocks = s
-        .gpu
-        .as_ref()
-        .and_then(|g| {
-            g.devices
-                .iter()
-                .find(|d| d.used_by_target)
-                .or(g.devices.first())
-        })
-        .and_then(|d| Some((d.sm_clock_mhz?, d.sm_clock_mhz_min?)));
-    let held = |why: &str| match clocks {
-        Some((mean, min)) => {
-            format!("; SM clock held down by {why}: {mean:.0} MHz mean, {min} MHz min")
-        }
-        None => format!("; clocks held down by {why}"),
-    };
+    let clocks = s.gpu.as_ref().and_then(|g| {
+        g.devices
+            .iter()
+            .find(|d| d.used_by_target)
+            .or(g.devices.first())
+    });
     if let Some(u) = util
         && u >= impediments::GPU_BUSY_PCT
     {
-        let cap = if has(&["sw_power_cap", "hw_power_brake_slowdown"]) {
-            held("the power cap")
+        let by = if has(&["sw_power_cap", "hw_power_brake_slowdown"]) {
+            Some(ClockCap::PowerCap)
         } else if has(&["sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"]) {
-            held("thermal slowdown")
+            Some(ClockCap::Thermal)
         } else {
-            String::new()
+            None
         };
-        return format!("SM saturation (GPU {u:.0}% busy{cap})");
+        return Mechanism::SmSaturation {
+            gpu_busy_pct: u,
+            clocks_held: by.map(|by| ClocksHeld {
+                by,
+                sm_clock_mhz: clocks.and_then(|d| d.sm_clock_mhz),
+                sm_clock_mhz_min: clocks.and_then(|d| d.sm_clock_mhz_min),
+            }),
+        };
     }
     // Device-wide synchronization waits for all of the process's GPU work: on a GPU that is not
     // full, a tail spent there is the request waiting for the process's other work.
     if device_sync.is_some_and(|d| d >= 0.5) {
-        return format!(
-            "synchronization stalls: device-wide synchronize waits for all the process's queued \
-             GPU work{}",
-            util.map_or(String::new(), |u| format!(" (GPU {u:.0}% busy)"))
-        );
+        return Mechanism::SyncStalls { gpu_busy_pct: util };
     }
-    match util {
-        Some(u) => format!("longer GPU work per request (GPU {u:.0}% busy)"),
-        None => "longer waits for the GPU (GPU not sampled)".into(),
-    }
-}
-
-/// What to do about a GPU mechanism from `gpu_mechanism`.
-fn gpu_advice(mechanism: &str) -> String {
-    if mechanism.starts_with("SM saturation by other processes") {
-        "Other processes share the GPU: give the server a GPU (or a MIG slice) of its own, or schedule the other work elsewhere.".into()
-    } else if mechanism.starts_with("synchronization stalls") {
-        "Wait for the request's own work only (synchronize its stream or an event, not the device), or move the background GPU work to another stream priority or GPU.".into()
-    } else if mechanism.starts_with("SM saturation") {
-        "The GPU is at capacity: smaller batches or fewer concurrent streams per GPU, or more GPUs."
-            .into()
-    } else {
-        "The slow requests do more GPU work: look at their inputs (sequence length, batch) and kernels (nsys on a sample).".into()
-    }
+    Mechanism::LongerGpuWork { gpu_busy_pct: util }
 }
 
 /// The GPU counts as taken by other processes when its busy share exceeds the server's own
@@ -411,7 +390,7 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
                 "{}: {} ({scope}). {}",
                 capitalize(p.name()),
                 c.mechanism,
-                c.advice
+                c.mechanism.advice()
             )
         }
         (p, None) => capitalize(p.name()),

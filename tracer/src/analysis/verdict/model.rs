@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+pub use super::mechanism::Mechanism;
+
 /// The cause the verdict names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -38,20 +40,81 @@ pub enum Basis {
     LostTime,
 }
 
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+/// One cause of the verdict. Its category, text and advice all follow from the mechanism.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Cause {
-    /// `scheduling`, `cache_thrash`, `gpu_saturation`, or `unexplained` for a part of the
-    /// excess no measured signal accounts for.
-    pub cause: Primary,
-    /// How: "run-queue contention", "cgroup CPU throttling", "migrations", "preemption by
-    /// <comm>", "SM saturation", "power capping", ...
-    pub mechanism: String,
+    pub mechanism: Mechanism,
     /// Share of the tail excess (or of the lost time), 0..1.
     pub share: f64,
     /// The numbers behind it, in words.
     pub evidence: String,
+}
+
+impl Cause {
+    pub fn new(mechanism: Mechanism, share: f64, evidence: String) -> Self {
+        Self {
+            mechanism,
+            share,
+            evidence,
+        }
+    }
+
+    pub fn cause(&self) -> Primary {
+        self.mechanism.cause()
+    }
+}
+
+/// One cause of the verdict, as the JSON document has it: its category, how it worked (in
+/// words, and as an id with its data), its share, the evidence and what to do.
+#[derive(Serialize, schemars::JsonSchema)]
+#[schemars(rename = "Cause")]
+struct CauseDoc<'a> {
+    /// `scheduling`, `cache_thrash`, `gpu_saturation`, or `unexplained` for a part of the
+    /// excess no measured signal accounts for.
+    cause: Primary,
+    /// How, in words: "run-queue contention: preempted by ...", "cgroup CPU throttling",
+    /// "migrations", "SM saturation (GPU 97% busy)", ...
+    mechanism: String,
+    /// The same as a stable snake_case id (`run_queue_contention`, `cgroup_throttling`,
+    /// `migrations`, `idle_cpu_wakeup`, `llc_misses`, `sm_saturation`, ...), with its data in
+    /// `mechanism_data` when it has any (the neighbours named, the GPU's busy share, ...).
+    #[serde(flatten)]
+    id: &'a Mechanism,
+    /// Share of the tail excess (or of the lost time), 0..1.
+    share: f64,
+    /// The numbers behind it, in words.
+    evidence: &'a str,
     /// What to do about it.
-    pub advice: String,
+    advice: String,
+}
+
+impl<'a> From<&'a Cause> for CauseDoc<'a> {
+    fn from(c: &'a Cause) -> Self {
+        Self {
+            cause: c.cause(),
+            mechanism: c.mechanism.to_string(),
+            id: &c.mechanism,
+            share: c.share,
+            evidence: &c.evidence,
+            advice: c.mechanism.advice(),
+        }
+    }
+}
+
+impl Serialize for Cause {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        CauseDoc::from(self).serialize(s)
+    }
+}
+
+impl schemars::JsonSchema for Cause {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        CauseDoc::schema_name()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        CauseDoc::json_schema(g)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]

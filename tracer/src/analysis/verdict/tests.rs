@@ -296,7 +296,11 @@ fn waits_behind_another_task_are_contention() {
     assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
     assert_eq!(v.basis, Basis::TailExcess);
     let top = &v.causes[0];
-    assert!(top.mechanism.contains("cpu-hog"), "{}", top.mechanism);
+    assert!(
+        top.mechanism.to_string().contains("cpu-hog"),
+        "{}",
+        top.mechanism
+    );
     assert!(top.share > 0.9, "{}", top.share);
 }
 
@@ -317,11 +321,14 @@ fn waits_on_an_idle_cpu_in_a_throttled_cgroup_are_throttling() {
     throttled_cgroup(&mut rec);
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
-    assert_eq!(v.causes[0].mechanism, "cgroup CPU throttling");
+    assert_eq!(v.causes[0].mechanism.to_string(), "cgroup CPU throttling");
     // Without throttling, the same waits are a slow wakeup, not throttling.
     rec.cgroup = None;
     let v = verdict(&rec);
-    assert_eq!(v.causes[0].mechanism, "wakeup latency of idle CPUs");
+    assert_eq!(
+        v.causes[0].mechanism.to_string(),
+        "wakeup latency of idle CPUs"
+    );
 }
 
 #[test]
@@ -339,7 +346,7 @@ fn waits_after_forced_moves_are_migrations() {
     s.serve(200, 20, &NORMAL, &slow);
     let v = verdict(&s.finish(vec![hog(30 * MS)]));
     assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
-    assert_eq!(v.causes[0].mechanism, "migrations");
+    assert_eq!(v.causes[0].mechanism.to_string(), "migrations");
 }
 
 /// Tail requests run three times longer; with `mpki_tail`, their LLC MPKI.
@@ -363,7 +370,7 @@ fn slower_on_cpu(pmu: bool, mpki_tail: u64) -> Recording {
 fn longer_on_cpu_time_with_llc_misses_is_cache_thrash() {
     let v = verdict(&slower_on_cpu(true, 20));
     assert_eq!(v.primary, Primary::CacheThrash, "{v:?}");
-    assert_eq!(v.causes[0].mechanism, "LLC misses");
+    assert_eq!(v.causes[0].mechanism.to_string(), "LLC misses");
     assert!(!v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
 }
 
@@ -371,14 +378,19 @@ fn longer_on_cpu_time_with_llc_misses_is_cache_thrash() {
 fn longer_on_cpu_time_with_unchanged_misses_is_not_cache_thrash() {
     let v = verdict(&slower_on_cpu(true, 2));
     assert_eq!(v.primary, Primary::Unexplained, "{v:?}");
-    assert!(v.causes[0].mechanism.contains("cache misses unchanged"));
+    assert!(
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .contains("cache misses unchanged")
+    );
 }
 
 #[test]
 fn without_a_pmu_cache_thrash_is_unexplained_and_not_assessed() {
     let v = verdict(&slower_on_cpu(false, 0));
     assert_eq!(v.primary, Primary::Unexplained, "{v:?}");
-    assert!(v.causes[0].mechanism.contains("not measured"));
+    assert!(v.causes[0].mechanism.to_string().contains("not measured"));
     assert!(v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
     assert!(v.headline.starts_with("Unexplained"), "{}", v.headline);
 }
@@ -392,7 +404,10 @@ fn gpu_waits_on_a_busy_gpu_are_gpu_saturation() {
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
     assert!(
-        v.causes[0].mechanism.starts_with("SM saturation (GPU 95%"),
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .starts_with("SM saturation (GPU 95%"),
         "{}",
         v.causes[0].mechanism
     );
@@ -412,7 +427,10 @@ fn gpu_waits_in_device_wide_synchronize_are_sync_stalls() {
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
     assert!(
-        v.causes[0].mechanism.starts_with("synchronization stalls"),
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .starts_with("synchronization stalls"),
         "{}",
         v.causes[0].mechanism
     );
@@ -435,6 +453,7 @@ fn a_gpu_busy_with_other_processes_is_named() {
     assert!(
         v.causes[0]
             .mechanism
+            .to_string()
             .starts_with("SM saturation by other processes"),
         "{}",
         v.causes[0].mechanism
@@ -497,7 +516,7 @@ fn without_requests_the_impediments_decide() {
         (Primary::Scheduling, Basis::LostTime),
         "{v:?}"
     );
-    assert!(v.causes[0].mechanism.contains("cpu-hog"));
+    assert!(v.causes[0].mechanism.to_string().contains("cpu-hog"));
     assert!(v.not_assessed.iter().any(|n| n.signal == "request_latency"));
     // 2 % waiting is below the threshold.
     let v = verdict(&window(980, 20, vec![hog(20 * MS)]));

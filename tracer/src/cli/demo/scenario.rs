@@ -46,15 +46,15 @@ impl Scenario {
         matches!(self, Self::GpuSaturation | Self::GpuSyncStall)
     }
 
-    /// The verdict this scenario must give: the primary cause, and a word the top cause's
-    /// mechanism must contain. `pmu`: LLC counters were available.
+    /// The verdict this scenario must give: the primary cause, and the `mechanism_id` a major
+    /// cause must have. `pmu`: LLC counters were available.
     pub fn expected(self, pmu: bool) -> (Primary, Option<&'static str>) {
         match self {
             Self::Quiet => (Primary::None, None),
-            Self::CpuContention => (Primary::Scheduling, Some("contention")),
-            Self::CfsThrottle => (Primary::Scheduling, Some("throttling")),
+            Self::CpuContention => (Primary::Scheduling, Some("run_queue_contention")),
+            Self::CfsThrottle => (Primary::Scheduling, Some("cgroup_throttling")),
             Self::MigrationStorm => (Primary::Scheduling, Some("migrations")),
-            Self::CacheThrash if pmu => (Primary::CacheThrash, Some("LLC")),
+            Self::CacheThrash if pmu => (Primary::CacheThrash, Some("llc_misses")),
             Self::CacheThrash => (Primary::Unexplained, None),
             Self::GpuSaturation | Self::GpuSyncStall => (Primary::GpuSaturation, None),
         }
@@ -74,7 +74,7 @@ pub fn check(scenario: Scenario, v: &Verdict, pmu: bool) -> bool {
     let mechanism_ok = mechanism.is_none_or(|m| {
         v.causes
             .iter()
-            .any(|c| c.mechanism.contains(m) && c.share >= MECHANISM_SHARE_MIN)
+            .any(|c| c.mechanism.id() == m && c.share >= MECHANISM_SHARE_MIN)
     });
     let cache_ok = scenario != Scenario::CacheThrash
         || pmu

@@ -1,0 +1,363 @@
+//! How a cause worked, as a value: each mechanism carries its data and knows its cause category,
+//! its stable id (the JSON's `mechanism_id`, for scripts and alerts), its text for people and
+//! its advice. The rules in `verdict/` only decide which mechanism applies and with what data;
+//! causes merge by comparing mechanisms, never their text.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::Primary;
+use crate::analysis::neighbours::NeighbourKind;
+
+/// The structured part is `mechanism_data` in the JSON (absent for mechanisms without data).
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[serde(
+    tag = "mechanism_id",
+    content = "mechanism_data",
+    rename_all = "snake_case"
+)]
+pub enum Mechanism {
+    /// Waiting for a CPU while other tasks ran: `by` names the one or two neighbours that
+    /// caused most of it (empty when who ran was not attributed).
+    RunQueueContention { by: Vec<Contender> },
+    /// Runnable with the CPU idle while the cgroup's CPU quota was used up.
+    CgroupThrottling,
+    /// Runnable with the CPU idle, no throttling seen: idle CPUs slow to wake.
+    IdleCpuWakeup,
+    /// Forced moves between CPUs: the waits after them, and the refill of caches.
+    Migrations,
+    /// More LLC misses per instruction than the thread's (or the median requests') own.
+    LlcMisses,
+    /// Longer on-CPU time not put down to moves; `llc_measured`: cache misses were measured
+    /// and did not change.
+    LongerOncpu { llc_measured: bool },
+    /// The GPU was busy with other processes' kernels.
+    SmSaturationByOthers { gpu_busy_pct: f64, own_sm_pct: f64 },
+    /// The GPU was full; `clocks_held`: its clocks were held down while it was.
+    SmSaturation {
+        gpu_busy_pct: f64,
+        clocks_held: Option<ClocksHeld>,
+    },
+    /// Device-wide synchronization waited for all of the process's GPU work.
+    SyncStalls { gpu_busy_pct: Option<f64> },
+    /// The slow requests waited longer for their own GPU work.
+    LongerGpuWork { gpu_busy_pct: Option<f64> },
+    /// The serving thread was still on earlier requests.
+    Queueing,
+    /// Blocked, not on the GPU: locks, I/O, sleeps.
+    OtherBlocked,
+    /// Time the timeline does not cover (lost events, untraced thread).
+    Uncovered,
+}
+
+/// A neighbour that took the CPU from the target's threads.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct Contender {
+    pub kind: NeighbourKind,
+    /// The cgroup's path, or the command's or process's name.
+    pub name: String,
+    /// Its processes (kernel TGIDs), most waiting first; at most 4.
+    pub pids: Vec<u32>,
+    pub process_count: u64,
+    /// Share of the target's attributed waiting it caused.
+    pub wait_share: f64,
+    /// `pids` as the tool's PID namespace numbers them, for the text.
+    #[serde(skip)]
+    pub shown_pids: Vec<String>,
+}
+
+/// Why a busy GPU ran slower than it could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockCap {
+    PowerCap,
+    Thermal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ClocksHeld {
+    pub by: ClockCap,
+    pub sm_clock_mhz: Option<f64>,
+    pub sm_clock_mhz_min: Option<u32>,
+}
+
+const OWN: &str =
+    "Run fewer busy threads than the CPUs the server has (thread pools, OMP_NUM_THREADS).";
+const OTHERS: &str =
+    "Give the server CPUs of its own (cpuset, taskset) or move the other work off them.";
+const CHILDREN: &str = "Its own child processes took the CPUs: trace them (-p each), and give \
+                        them CPUs apart from the server's or fewer workers.";
+
+impl Mechanism {
+    /// The cause category it belongs to.
+    pub fn cause(&self) -> Primary {
+        match self {
+            Self::RunQueueContention { .. }
+            | Self::CgroupThrottling
+            | Self::IdleCpuWakeup
+            | Self::Migrations => Primary::Scheduling,
+            Self::LlcMisses => Primary::CacheThrash,
+            Self::SmSaturationByOthers { .. }
+            | Self::SmSaturation { .. }
+            | Self::SyncStalls { .. }
+            | Self::LongerGpuWork { .. } => Primary::GpuSaturation,
+            Self::LongerOncpu { .. } | Self::Queueing | Self::OtherBlocked | Self::Uncovered => {
+                Primary::Unexplained
+            }
+        }
+    }
+
+    /// The stable id: the JSON's `mechanism_id` (serde writes it from the variant's name; a
+    /// test keeps the two the same).
+    pub fn id(&self) -> &'static str {
+        match self {
+            Self::RunQueueContention { .. } => "run_queue_contention",
+            Self::CgroupThrottling => "cgroup_throttling",
+            Self::IdleCpuWakeup => "idle_cpu_wakeup",
+            Self::Migrations => "migrations",
+            Self::LlcMisses => "llc_misses",
+            Self::LongerOncpu { .. } => "longer_oncpu",
+            Self::SmSaturationByOthers { .. } => "sm_saturation_by_others",
+            Self::SmSaturation { .. } => "sm_saturation",
+            Self::SyncStalls { .. } => "sync_stalls",
+            Self::LongerGpuWork { .. } => "longer_gpu_work",
+            Self::Queueing => "queueing",
+            Self::OtherBlocked => "other_blocked",
+            Self::Uncovered => "uncovered",
+        }
+    }
+
+    /// What to do about it.
+    pub fn advice(&self) -> String {
+        let s = match self {
+            Self::RunQueueContention { by } => return contention_advice(by),
+            Self::CgroupThrottling => {
+                "Raise the cgroup's CPU quota (cpu.max, cpu.cfs_quota_us) above the server's peak use, or lift it."
+            }
+            Self::IdleCpuWakeup => {
+                "Idle CPUs are slow to wake (deep C-states, or a VM's vCPU descheduled): limit C-states or keep the CPUs polling."
+            }
+            Self::Migrations => {
+                "Pin the server's threads (taskset, cpuset) and find what keeps changing their affinity or rebalancing them."
+            }
+            Self::LlcMisses => {
+                "Something evicts the server's cache: move the neighbour off its LLC, or partition the LLC (resctrl/CAT)."
+            }
+            Self::LongerOncpu { llc_measured: true } => {
+                "Profile the slow requests' code paths (perf record) and check CPU frequency and steal time."
+            }
+            Self::LongerOncpu {
+                llc_measured: false,
+            } => {
+                "Run where a PMU is available (bare metal, or a VM with PMU passthrough) to measure LLC misses."
+            }
+            Self::SmSaturationByOthers { .. } => {
+                "Other processes share the GPU: give the server a GPU (or a MIG slice) of its own, or schedule the other work elsewhere."
+            }
+            Self::SmSaturation { .. } => {
+                "The GPU is at capacity: smaller batches or fewer concurrent streams per GPU, or more GPUs."
+            }
+            Self::SyncStalls { .. } => {
+                "Wait for the request's own work only (synchronize its stream or an event, not the device), or move the background GPU work to another stream priority or GPU."
+            }
+            Self::LongerGpuWork { .. } => {
+                "The slow requests do more GPU work: look at their inputs (sequence length, batch) and kernels (nsys on a sample)."
+            }
+            Self::Queueing => {
+                "Requests arrive faster than one thread serves them at times: add workers, or remove what slows the earlier requests (the causes above)."
+            }
+            Self::OtherBlocked => {
+                "Look at what the serving thread blocks on (off-CPU profile: offcputime, perf sched)."
+            }
+            Self::Uncovered => {
+                "Events were lost or the serving thread was not traced: enlarge --ring-kib."
+            }
+        };
+        s.into()
+    }
+}
+
+/// The advice for each side named, once each.
+fn contention_advice(by: &[Contender]) -> String {
+    let of = |c: &Contender| match c.kind {
+        NeighbourKind::Target => OWN,
+        NeighbourKind::Children => CHILDREN,
+        _ => OTHERS,
+    };
+    match by {
+        [a, b, ..] if of(a) != of(b) => format!("{} {}", of(a), of(b)),
+        [a, ..] => of(a).into(),
+        [] => OTHERS.into(),
+    }
+}
+
+/// The text for people: the JSON's `mechanism`.
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let busy = |u: &Option<f64>| u.map(|u| format!("GPU {u:.0}% busy"));
+        match self {
+            Self::RunQueueContention { by } => match by.as_slice() {
+                [] => write!(f, "run-queue contention"),
+                [a] if a.kind == NeighbourKind::Target => {
+                    write!(f, "run-queue contention among its own threads")
+                }
+                [a] => write!(f, "run-queue contention: preempted by {a}"),
+                [a, b, ..] => write!(
+                    f,
+                    "run-queue contention: preempted by {a} ({} of the waiting) and {b} ({})",
+                    crate::units::pct(a.wait_share),
+                    crate::units::pct(b.wait_share)
+                ),
+            },
+            Self::CgroupThrottling => write!(f, "cgroup CPU throttling"),
+            Self::IdleCpuWakeup => write!(f, "wakeup latency of idle CPUs"),
+            Self::Migrations => write!(f, "migrations"),
+            Self::LlcMisses => write!(f, "LLC misses"),
+            Self::LongerOncpu { llc_measured: true } => {
+                write!(f, "longer on-CPU time, cache misses unchanged")
+            }
+            Self::LongerOncpu {
+                llc_measured: false,
+            } => write!(f, "longer on-CPU time (cache misses not measured)"),
+            Self::SmSaturationByOthers {
+                gpu_busy_pct: u,
+                own_sm_pct: o,
+            } => write!(
+                f,
+                "SM saturation by other processes (GPU {u:.0}% busy, {o:.0}% of it the server's kernels)"
+            ),
+            Self::SmSaturation {
+                gpu_busy_pct: u,
+                clocks_held,
+            } => {
+                write!(f, "SM saturation (GPU {u:.0}% busy")?;
+                if let Some(c) = clocks_held {
+                    let why = match c.by {
+                        ClockCap::PowerCap => "the power cap",
+                        ClockCap::Thermal => "thermal slowdown",
+                    };
+                    match (c.sm_clock_mhz, c.sm_clock_mhz_min) {
+                        (Some(mean), Some(min)) => write!(
+                            f,
+                            "; SM clock held down by {why}: {mean:.0} MHz mean, {min} MHz min"
+                        )?,
+                        _ => write!(f, "; clocks held down by {why}")?,
+                    }
+                }
+                write!(f, ")")
+            }
+            Self::SyncStalls { gpu_busy_pct } => write!(
+                f,
+                "synchronization stalls: device-wide synchronize waits for all the process's \
+                 queued GPU work{}",
+                busy(gpu_busy_pct).map_or(String::new(), |b| format!(" ({b})"))
+            ),
+            Self::LongerGpuWork {
+                gpu_busy_pct: Some(u),
+            } => write!(f, "longer GPU work per request (GPU {u:.0}% busy)"),
+            Self::LongerGpuWork { gpu_busy_pct: None } => {
+                write!(f, "longer waits for the GPU (GPU not sampled)")
+            }
+            Self::Queueing => write!(f, "queueing behind earlier requests"),
+            Self::OtherBlocked => write!(f, "other off-CPU waits (locks, I/O, sleeps)"),
+            Self::Uncovered => write!(f, "time the timeline does not cover"),
+        }
+    }
+}
+
+/// "stress-ng-cpu (2 processes: PIDs 11, 12)", "its own threads", "cgroup /docker/x.scope (3
+/// processes)".
+impl fmt::Display for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = crate::recording::printable(&self.name);
+        // "2 processes: PIDs 11, 12", "1 process: PID 11".
+        let listed = || {
+            let mut v = self.shown_pids.clone();
+            if self.process_count > v.len() as u64 {
+                v.push("...".into());
+            }
+            match self.process_count {
+                1 => format!("1 process: PID {}", v.join(", ")),
+                c => format!("{c} processes: PIDs {}", v.join(", ")),
+            }
+        };
+        match self.kind {
+            NeighbourKind::Target => write!(f, "its own threads"),
+            NeighbourKind::Children => write!(
+                f,
+                "its own child processes, which were not traced ({})",
+                listed()
+            ),
+            NeighbourKind::Cgroup if self.process_count == 1 => {
+                write!(f, "cgroup {name} (1 process)")
+            }
+            NeighbourKind::Cgroup => write!(f, "cgroup {name} ({} processes)", self.process_count),
+            _ if self.process_count == 1 => write!(
+                f,
+                "{name} (PID {})",
+                self.shown_pids.first().map_or("?", String::as_str)
+            ),
+            _ => write!(f, "{name} ({})", listed()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_is_what_the_json_says() {
+        let all = [
+            Mechanism::RunQueueContention { by: vec![] },
+            Mechanism::CgroupThrottling,
+            Mechanism::IdleCpuWakeup,
+            Mechanism::Migrations,
+            Mechanism::LlcMisses,
+            Mechanism::LongerOncpu { llc_measured: true },
+            Mechanism::SmSaturationByOthers {
+                gpu_busy_pct: 99.0,
+                own_sm_pct: 10.0,
+            },
+            Mechanism::SmSaturation {
+                gpu_busy_pct: 99.0,
+                clocks_held: None,
+            },
+            Mechanism::SyncStalls { gpu_busy_pct: None },
+            Mechanism::LongerGpuWork { gpu_busy_pct: None },
+            Mechanism::Queueing,
+            Mechanism::OtherBlocked,
+            Mechanism::Uncovered,
+        ];
+        for m in all {
+            let v = serde_json::to_value(&m).unwrap();
+            assert_eq!(v["mechanism_id"], m.id(), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn the_text_names_the_sides_and_the_advice_each_kind_once() {
+        let side = |kind, name: &str, share| Contender {
+            kind,
+            name: name.into(),
+            pids: vec![11],
+            process_count: 1,
+            wait_share: share,
+            shown_pids: vec!["11".into()],
+        };
+        let m = Mechanism::RunQueueContention {
+            by: vec![
+                side(NeighbourKind::Process, "stress-ng-cpu", 0.5),
+                side(NeighbourKind::Target, "server", 0.4),
+            ],
+        };
+        assert_eq!(
+            m.to_string(),
+            "run-queue contention: preempted by stress-ng-cpu (PID 11) (50% of the waiting) \
+             and its own threads (40%)"
+        );
+        assert_eq!(m.advice(), format!("{OTHERS} {OWN}"));
+        assert_eq!(m.cause(), Primary::Scheduling);
+    }
+}
