@@ -11,6 +11,6 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(contents) = reader::read_from(data, data.len() as u64, "fuzz input") {
         // What `tracer report` does next: rebuild the recording and summarize it.
         let rec = recover::into_recording(contents, true);
-        let _ = tracer::analysis::summarize(&rec);
+        let _ = tracer::analysis::analyze(&rec);
     }
 });

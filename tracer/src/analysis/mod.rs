@@ -6,6 +6,7 @@ pub mod gpu;
 pub mod neighbours;
 pub mod preemptors;
 pub mod quantiles;
+pub mod report;
 pub mod requests;
 pub mod selfcheck;
 pub mod summary;
@@ -15,10 +16,12 @@ pub mod verdict;
 #[cfg(test)]
 pub mod testutil;
 
-/// The summary of a recording, built whole and then judged: the verdict reads the finished
-/// summary (`verdict::judge`) and is stored beside what it read.
-pub fn summarize(rec: &crate::recording::Recording) -> summary::Summary {
-    let mut s = summary::build(rec);
-    s.verdict = verdict::judge(&s);
-    s
+pub use report::Report;
+
+/// The report on a recording: the summary built whole, then judged (`verdict::judge` reads
+/// the finished summary), the two side by side.
+pub fn analyze(rec: &crate::recording::Recording) -> Report {
+    let summary = summary::build(rec);
+    let verdict = verdict::judge(&summary);
+    Report { summary, verdict }
 }

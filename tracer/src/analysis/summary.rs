@@ -10,7 +10,6 @@ use super::{
     preemptors,
     quantiles::{QuantileSource, wait_quantiles},
     requests::RequestAnalysis,
-    verdict::model::Verdict,
 };
 use crate::recording::{
     Capabilities, EndReason, Losses, MigrationRoute, ProbeMode, Recording, ThreadRecord,
@@ -23,15 +22,19 @@ use crate::recording::{
 /// Version of the JSON document's shape; bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The first five fields are written by `Report`, with the verdict after them.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Summary {
+    #[serde(skip)]
     pub schema_version: u32,
+    #[serde(skip)]
     pub tracer_version: String,
+    #[serde(skip)]
     pub pid: u32,
+    #[serde(skip)]
     pub comm: String,
+    #[serde(skip)]
     pub cmdline: Vec<String>,
-    /// Which cause explains the jitter, with the evidence: what to act on.
-    pub verdict: Verdict,
     /// The requests' latency and its decomposition, when requests were given.
     pub requests: Option<RequestAnalysis>,
     pub duration_ns: u64,
@@ -367,7 +370,7 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
     t
 }
 
-/// Everything but the verdict (`analysis::summarize` adds it).
+/// The summary, which the verdict reads (`analysis::analyze` judges it).
 pub fn build(rec: &Recording) -> Summary {
     let mut threads: Vec<ThreadSummary> =
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
@@ -404,7 +407,6 @@ pub fn build(rec: &Recording) -> Summary {
         pid: rec.target.pid,
         comm: rec.target.comm.clone(),
         cmdline: rec.target.cmdline.clone(),
-        verdict: Verdict::default(),
         requests: super::requests::analyze(rec),
         duration_ns: rec.duration_ns(),
         start_ns: rec.start_ns,
@@ -483,7 +485,7 @@ mod tests {
                 },
             ],
         );
-        let s = crate::analysis::summarize(&rec);
+        let s = crate::analysis::analyze(&rec).summary;
         assert_eq!(s.duration_ns, 10_000);
         assert_eq!(s.threads[0].tid, 2, "largest wait first");
         assert_eq!(s.totals.runq_wait_ns, 4_000);
@@ -511,7 +513,7 @@ mod tests {
     fn incomplete_samples_fall_back_to_the_kernel_histogram() {
         let mut t = thread(1, 5_000, 1_000, &[400, 600]);
         t.runq_waits = 3; // one wait never reached userspace
-        let s = crate::analysis::summarize(&recording(vec![t], vec![]));
+        let s = crate::analysis::analyze(&recording(vec![t], vec![])).summary;
         assert_eq!(
             s.threads[0].runq_wait_quantiles_from,
             QuantileSource::KernelLog2

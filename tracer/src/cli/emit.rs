@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::OutputArgs;
 use crate::{
-    analysis::{summarize, summary::Summary},
+    analysis::{Report, analyze},
     recording::{Recording, requests::parse_latency_log},
     render,
 };
@@ -127,15 +127,15 @@ pub fn print_recording(
         }
         failures.keep(loaded);
     }
-    let summary = summarize(rec);
+    let report = analyze(rec);
     failures.keep(if json {
-        stdout_json(&summary)
+        stdout_json(&report)
     } else {
         stdout(&crate::recording::terminal_safe(&render::text::render(
-            &summary,
+            &report,
         )))
     });
-    failures.keep(write_outputs(rec, &summary, outputs));
+    failures.keep(write_outputs(rec, &report, outputs));
     if let Some(e) = &rec.output_error {
         failures.keep(Err(anyhow::anyhow!("{e}")));
     }
@@ -144,7 +144,7 @@ pub fn print_recording(
 
 /// Writes the Perfetto and HTML files `outputs` asks for; a file that fails does not stop the
 /// other.
-pub fn write_outputs(rec: &Recording, summary: &Summary, outputs: &OutputArgs) -> Result<()> {
+pub fn write_outputs(rec: &Recording, report: &Report, outputs: &OutputArgs) -> Result<()> {
     let mut failures = Failures::default();
     if let Some(path) = &outputs.perfetto {
         failures.keep(write_output(path, &render::perfetto::render(rec)));
@@ -152,7 +152,7 @@ pub fn write_outputs(rec: &Recording, summary: &Summary, outputs: &OutputArgs) -
     if let Some(path) = &outputs.html {
         failures.keep(write_output(
             path,
-            render::html::render(rec, summary).as_bytes(),
+            render::html::render(rec, report).as_bytes(),
         ));
     }
     failures.into_result()

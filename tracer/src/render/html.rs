@@ -8,6 +8,7 @@ use plotters::prelude::*;
 
 use crate::{
     analysis::{
+        report::Report,
         summary::Summary,
         timeline::{self, State},
     },
@@ -302,7 +303,8 @@ fn gpu_chart(rec: &Recording) -> Option<String> {
     }))
 }
 
-pub fn render(rec: &Recording, s: &Summary) -> String {
+pub fn render(rec: &Recording, r: &Report) -> String {
+    let s = &r.summary;
     let mut html = String::new();
     let title = format!("tracer: PID {} ({})", s.pid, s.comm);
     let _ = write!(
@@ -315,7 +317,7 @@ pub fn render(rec: &Recording, s: &Summary) -> String {
         esc(&title)
     );
     let _ = writeln!(html, "<h1>{}</h1>", esc(&title));
-    let _ = writeln!(html, "<pre>{}</pre>", esc(&text::render(s)));
+    let _ = writeln!(html, "<pre>{}</pre>", esc(&text::render(r)));
     let _ = writeln!(
         html,
         "<h2>Threads over time</h2><p class=\"key\"><span style=\"background:#2e8b57\"></span>\

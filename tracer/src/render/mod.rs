@@ -9,7 +9,7 @@ use std::io::Write;
 
 use serde_json::ser::{Formatter, PrettyFormatter};
 
-use crate::analysis::summary::Summary;
+use crate::analysis::Report;
 
 /// Writes the `--json` document, the summary as one JSON object and a newline, as it is
 /// serialized: at 20,000 threads it is 30 MB, which held as a string was a quarter of the
@@ -85,7 +85,7 @@ impl Formatter for TerminalSafe {
 
 /// The JSON Schema of the `--json` document (docs/summary.schema.json is this, committed).
 pub fn json_schema() -> String {
-    schema_of::<Summary>("tracer summary (tracer attach/run/report --json)")
+    schema_of::<Report>("tracer summary (tracer attach/run/report --json)")
 }
 
 /// The JSON Schema of `T` as it is written. schemars describes what deserializes by default:

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
 use crate::{
-    analysis::{quantiles::QuantileSource, summary::Summary},
+    analysis::{Report, quantiles::QuantileSource, summary::Summary},
     recording::{EndReason, ProbeMode},
 };
 use crate::{
@@ -35,9 +35,10 @@ fn table(header: &[&str]) -> Table {
     t
 }
 
-pub fn render(s: &Summary) -> String {
+pub fn render(r: &Report) -> String {
+    let s = &r.summary;
     let mut out = String::new();
-    super::verdict::render(s, &mut out);
+    super::verdict::render(r, &mut out);
     let t = &s.totals;
     let probes = match s.probe_mode {
         ProbeMode::TpBtf => "tp_btf probes",

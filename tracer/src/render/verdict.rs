@@ -3,11 +3,11 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::{requests::RequestAnalysis, summary::Summary, verdict::Basis};
+use crate::analysis::{Report, requests::RequestAnalysis, summary::Summary, verdict::Basis};
 use crate::units::dur;
 
-pub fn render(s: &Summary, out: &mut String) {
-    let v = &s.verdict;
+pub fn render(r: &Report, out: &mut String) {
+    let (s, v) = (&r.summary, &r.verdict);
     let _ = writeln!(out, "Verdict: {}", v.headline);
     if !v.causes.is_empty() {
         let of = match v.basis {

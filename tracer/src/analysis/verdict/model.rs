@@ -137,16 +137,3 @@ pub struct Verdict {
     /// host-bound), when the GPU was sampled.
     pub bound: Option<String>,
 }
-
-impl Default for Verdict {
-    fn default() -> Self {
-        Self {
-            primary: Primary::None,
-            headline: String::new(),
-            basis: Basis::LostTime,
-            causes: vec![],
-            not_assessed: vec![],
-            bound: None,
-        }
-    }
-}

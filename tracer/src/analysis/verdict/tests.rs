@@ -6,7 +6,7 @@ use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot};
 use super::*;
 use crate::{
     analysis::{
-        summarize,
+        analyze,
         testutil::{recording, thread},
         timeline::{self, State},
     },
@@ -258,7 +258,7 @@ fn throttled_cgroup(rec: &mut Recording) {
 }
 
 fn verdict(rec: &Recording) -> Verdict {
-    summarize(rec).verdict
+    analyze(rec).verdict
 }
 
 const NORMAL: [Part; 1] = [Run(MS)];

@@ -19,7 +19,7 @@ pub use scenario::Scenario;
 
 use super::{RecordArgs, runtime};
 use crate::{
-    analysis::{summarize, summary::Summary},
+    analysis::{Report, analyze},
     recording::{Recording, requests::RequestSpan},
     render,
     session::record,
@@ -115,10 +115,10 @@ pub fn latency_stats(spans: &[RequestSpan], from: u64, to: u64) -> Option<Latenc
 
 /// The `demo --json` document: the summary, and beside it how the scenario went.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
-struct DemoReport {
+struct DemoReport<'a> {
     #[serde(flatten)]
-    summary: Summary,
-    demo: DemoPart,
+    report: &'a Report,
+    demo: &'a DemoPart,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -149,12 +149,16 @@ pub struct Interference {
 
 /// The JSON Schema of the `demo --json` document (docs/demo.schema.json is this, committed).
 pub fn json_schema() -> String {
-    render::schema_of::<DemoReport>("tracer demo --json: the summary and the scenario's outcome")
+    render::schema_of::<DemoReport<'static>>(
+        "tracer demo --json: the summary and the scenario's outcome",
+    )
 }
 
 /// What a scenario run produced, for printing.
 pub struct Outcome {
     pub rec: Recording,
+    /// The recording analyzed once, for the verdict's check and the output.
+    pub report: Report,
     pub part: DemoPart,
 }
 
@@ -166,29 +170,25 @@ pub fn run(args: DemoArgs) -> Result<()> {
     } else {
         run_cpu(&args)?
     };
-    let summary = summarize(&out.rec);
     let mut failures = super::emit::Failures::default();
-    let summary = if args.record.json {
-        let report = DemoReport {
-            summary,
-            demo: out.part,
-        };
-        failures.keep(super::emit::stdout_json(&report));
-        report.summary
+    failures.keep(if args.record.json {
+        super::emit::stdout_json(&DemoReport {
+            report: &out.report,
+            demo: &out.part,
+        })
     } else {
-        let text = render::text::render(&summary) + &part_text(&out.part, &summary);
-        failures.keep(super::emit::stdout(&crate::recording::terminal_safe(&text)));
-        summary
-    };
+        let text = render::text::render(&out.report) + &part_text(&out.part, &out.report);
+        super::emit::stdout(&crate::recording::terminal_safe(&text))
+    });
     failures.keep(super::write_outputs(
         &out.rec,
-        &summary,
+        &out.report,
         &args.record.outputs,
     ));
     failures.into_result()
 }
 
-fn part_text(p: &DemoPart, s: &Summary) -> String {
+fn part_text(p: &DemoPart, r: &Report) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("\nRequest latency, as the server measured it:\n");
     let mut line = |name: &str, s: Option<LatencyStats>| match s {
@@ -211,7 +211,7 @@ fn part_text(p: &DemoPart, s: &Summary) -> String {
         p.expected_primary.name(),
         p.expected_mechanism
             .map_or(String::new(), |m| format!(" ({m})")),
-        s.verdict.primary.name(),
+        r.verdict.primary.name(),
         if p.correct { "correct" } else { "WRONG" }
     );
     if let Some(i) = &p.interference {
@@ -434,10 +434,10 @@ pub fn outcome(
     latency_recorded: Option<LatencyStats>,
 ) -> Outcome {
     let pmu = rec.capabilities.pmu.llc_available;
-    let summary = summarize(&rec);
-    let verdict = &summary.verdict;
+    let report = analyze(&rec);
+    let verdict = &report.verdict;
     let interference = (verdict.primary == crate::analysis::verdict::Primary::Scheduling)
-        .then(|| crate::analysis::verdict::top_neighbour(&summary))
+        .then(|| crate::analysis::verdict::top_neighbour(&report.summary))
         .flatten()
         .filter(|n| {
             n.kind != crate::analysis::neighbours::NeighbourKind::Target
@@ -460,6 +460,7 @@ pub fn outcome(
             interference,
         },
         rec,
+        report,
     }
 }
 
