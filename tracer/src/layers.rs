@@ -13,18 +13,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("signals.rs", &["recording"]),
     ("recording", &["recording", "units", "error"]),
     ("sources", &["sources", "recording", "units", "error"]),
-    // The trace reader still replays a recovered file through analysis's timeline (issue 14,
-    // "one userspace state machine", moves that into the reader).
     (
         "trace",
-        &[
-            "trace",
-            "recording",
-            "units",
-            "error",
-            "signals",
-            "analysis",
-        ],
+        &["trace", "recording", "units", "error", "signals"],
     ),
     ("analysis", &["analysis", "recording", "units"]),
     ("render", &["render", "analysis", "recording", "units"]),

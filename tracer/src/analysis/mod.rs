@@ -10,7 +10,6 @@ pub mod report;
 pub mod requests;
 pub mod selfcheck;
 pub mod summary;
-pub mod timeline;
 pub mod verdict;
 
 #[cfg(test)]

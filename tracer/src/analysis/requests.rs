@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tracer_common::{CudaFn, EventKind, PerfSlot};
 
-use super::timeline::{self, Interval, State};
 use crate::recording::{
     CudaSpan, Recording,
     requests::{RequestSet, RequestSource, RequestSpan},
+    timeline::{self, Interval, State},
     waits::WaitKind,
 };
 
@@ -366,8 +366,8 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
 
 pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
-    let timelines = timeline::build(&rec.timeline.events, rec.start_ns, rec.end_ns);
-    let stalls = Stalls::build(&timelines);
+    let timelines = rec.threads_over_time();
+    let stalls = Stalls::build(timelines);
     let llc_mask = (1 << PerfSlot::LlcMisses as u32) | (1 << PerfSlot::Instructions as u32);
     let llc = rec.counter_mask & llc_mask == llc_mask;
     let mut migrations: HashMap<u32, Vec<u64>> = HashMap::new();

@@ -12,7 +12,7 @@ use super::{
     CudaSpan, Recording, Timeline, WaitSamples,
     counters::CounterBins,
     requests::Pairing,
-    waits::{WaitClasses, WaitKind, WaitTracker},
+    waits::{WaitClasses, WaitKind},
 };
 
 /// One thread's run-queue waits, as they come.
@@ -30,24 +30,20 @@ pub struct Collector {
     cuda_syncs: Vec<CudaSpan>,
     cuda_launches: BTreeMap<u32, BTreeMap<u64, u64>>,
     timeline: Option<Timeline>,
-    /// Only for records without wait codes (trace format 1), which came in time order.
-    tracker: Option<WaitTracker>,
     requests: Pairing,
     /// Records seen.
     pub records: u64,
 }
 
 impl Collector {
-    /// `keep`: also keep every record (for outputs that draw the timeline). `legacy`: the
-    /// records are of trace format 1, whose switch-ins do not say what kind of wait they ended.
-    pub fn new(start_ns: u64, bin_ns: u64, keep: bool, legacy: bool) -> Self {
+    /// `keep`: also keep every record (for outputs that draw the timeline).
+    pub fn new(start_ns: u64, bin_ns: u64, keep: bool) -> Self {
         Self {
             waits: Default::default(),
             bins: CounterBins::new(start_ns, bin_ns),
             cuda_syncs: Vec::new(),
             cuda_launches: BTreeMap::new(),
             timeline: keep.then(Timeline::default),
-            tracker: legacy.then(WaitTracker::default),
             requests: Pairing::default(),
             records: 0,
         }
@@ -57,12 +53,11 @@ impl Collector {
         self.records += 1;
         match rec {
             Record::Event(ev) => {
-                let legacy = self.tracker.as_mut().and_then(|t| t.on_event(&ev));
                 match ev.event_kind() {
                     Ok(EventKind::SwitchIn) if ev.value > 0 => {
                         let t = self.waits.entry(ev.tid).or_default();
                         t.samples.record(ev.value);
-                        if let Some(kind) = WaitKind::of(&ev).or(legacy.map(|w| w.kind)) {
+                        if let Some(kind) = WaitKind::of(&ev) {
                             t.classes.add(kind, ev.value);
                         }
                     }
@@ -136,7 +131,8 @@ impl Collector {
     }
 
     /// Puts the derived data into `rec`; CUDA calls and requests that ended after the window
-    /// are left out.
+    /// are left out. The events are sorted by time here, once (stable: equal stamps keep
+    /// their arrival order), for everything that follows threads through them.
     pub fn finish_into(self, rec: &mut Recording) {
         let end = rec.end_ns;
         if self.requests.seen {
@@ -147,7 +143,9 @@ impl Collector {
         rec.cuda_syncs = syncs;
         rec.cuda_launch_bins = self.cuda_launches;
         rec.counter_bins = self.bins;
-        rec.timeline = self.timeline.unwrap_or_default();
+        let mut timeline = self.timeline.unwrap_or_default();
+        timeline.events.sort_by_key(|e| e.ts_ns);
+        rec.timeline = timeline;
     }
 }
 
@@ -188,7 +186,7 @@ mod tests {
             ev(100, 1, EventKind::SwitchOut, 1, 50),
             coded(ev(500, 2, EventKind::SwitchIn, 0, 40), WaitCode::IdleCpu),
         ];
-        let mut c = Collector::new(0, 1_000, false, false);
+        let mut c = Collector::new(0, 1_000, false);
         for r in records {
             c.on_record(r);
         }
@@ -200,30 +198,5 @@ mod tests {
         assert_eq!(waits[&1].contention_waits, 0);
         assert_eq!((waits[&2].idle_cpu_waits, waits[&2].idle_cpu_ns), (1, 40));
         assert_eq!(c.take_samples()[&1].len(), 1);
-    }
-
-    #[test]
-    fn records_of_format_1_are_classified_from_their_transitions() {
-        // No wait codes, in time order: preempted, moved, run after another task.
-        let records = [
-            ev(100, 1, EventKind::SwitchOut, 1, 50),
-            ev(150, 1, EventKind::Migrate, 0, 0),
-            ev(300, 1, EventKind::SwitchIn, 7, 200),
-            ev(400, 1, EventKind::SwitchOut, 1, 100),
-            ev(450, 1, EventKind::SwitchIn, 9, 50),
-        ];
-        let mut legacy = Collector::new(0, 1_000, false, true);
-        for r in records {
-            legacy.on_record(r);
-        }
-        let w = legacy.take_waits()[&1];
-        assert_eq!((w.migration_waits, w.contention_waits), (1, 1));
-        // Without the tracker the same records carry no classification.
-        let mut current = Collector::new(0, 1_000, false, false);
-        for r in records {
-            current.on_record(r);
-        }
-        let w = current.take_waits()[&1];
-        assert_eq!((w.migration_waits, w.contention_waits), (0, 0));
     }
 }

@@ -13,6 +13,7 @@ pub mod records;
 pub mod requests;
 pub mod samples;
 pub mod threads;
+pub mod timeline;
 pub mod topology;
 pub mod waits;
 
@@ -301,16 +302,43 @@ pub struct CgroupRecording {
     pub samples: Vec<cgroup::CgroupSample>,
 }
 
-/// Raw timeline records, in arrival order.
+/// Raw timeline records: the events in time order (`Collector::finish_into` sorts them), the
+/// counter slices as they came.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
     pub events: Vec<tracer_common::Event>,
     pub slices: Vec<tracer_common::CounterSlice>,
+    /// Each thread's states, rebuilt from `events` once, on first use (`Recording::threads_over_time`).
+    built: std::sync::OnceLock<Built>,
+}
+
+#[derive(Debug, Clone)]
+struct Built {
+    /// What it was built from: the window and the number of events.
+    window: (u64, u64, usize),
+    threads: timeline::Timelines,
 }
 
 impl Recording {
     pub fn duration_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// Every thread's states over the window, rebuilt from the timeline events the first time
+    /// it is asked for and shared from then on: by the request decomposition, the renderers
+    /// and trace recovery. A recording is not changed once assembled; a change to its window
+    /// or events after the first call is a bug, caught in debug builds.
+    pub fn threads_over_time(&self) -> &timeline::Timelines {
+        let window = (self.start_ns, self.end_ns, self.timeline.events.len());
+        let b = self.timeline.built.get_or_init(|| Built {
+            window,
+            threads: timeline::build(&self.timeline.events, self.start_ns, self.end_ns),
+        });
+        debug_assert_eq!(
+            b.window, window,
+            "the recording changed after its timeline was built"
+        );
+        &b.threads
     }
 }
 

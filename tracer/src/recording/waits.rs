@@ -1,13 +1,12 @@
 //! Why a run-queue wait happened, told from the transitions around it: the thread was moved to
 //! another CPU while it waited (a forced migration: affinity change, load balancing), the CPU
 //! it waited for was idle when it finally ran (cgroup throttling, or a slow wakeup of an idle
-//! CPU), or another task held the CPU (contention). Used online by the collector and offline
-//! by the timeline, so both classify alike.
-
-use std::collections::HashMap;
+//! CPU), or another task held the CPU (contention). The kernel side decides (tracer-ebpf
+//! `sched.rs`) and says so in each switch-in record; `trace/upgrade.rs` decides the same for
+//! the records of trace format 1, which did not say.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{Event, EventKind, WaitCode};
+use tracer_common::{Event, WaitCode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -89,104 +88,9 @@ impl WaitClasses {
     }
 }
 
-/// A run-queue wait that just ended (at a switch-in).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EndedWait {
-    pub kind: WaitKind,
-    /// The task that ran on the CPU just before (0: the idle task).
-    pub prev_tid: u32,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct ThreadState {
-    runnable: bool,
-    moved: bool,
-}
-
-/// Follows every thread's transitions far enough to classify the wait each switch-in ends.
-#[derive(Debug, Default)]
-pub struct WaitTracker {
-    threads: HashMap<u32, ThreadState>,
-}
-
-impl WaitTracker {
-    /// Feeds one event; at a switch-in, says what kind of wait it ended (whether or not the
-    /// wait's start was seen).
-    pub fn on_event(&mut self, ev: &Event) -> Option<EndedWait> {
-        let kind = ev.event_kind().ok()?;
-        let st = self.threads.entry(ev.tid).or_default();
-        match kind {
-            EventKind::SwitchOut => {
-                st.runnable = ev.aux == 1;
-                st.moved = false;
-            }
-            EventKind::Wakeup | EventKind::WakeupNew => st.runnable = true,
-            // A wakeup places the task (and fires the migration) before the wakeup event, so a
-            // migration seen while blocked is a wakeup placement, not a forced move.
-            EventKind::Migrate => st.moved |= st.runnable,
-            EventKind::SwitchIn => {
-                let kind = if st.moved {
-                    WaitKind::Migration
-                } else if ev.aux == 0 {
-                    WaitKind::IdleCpu
-                } else {
-                    WaitKind::Contention
-                };
-                *st = ThreadState::default();
-                return Some(EndedWait {
-                    kind,
-                    prev_tid: ev.aux,
-                });
-            }
-            EventKind::ThreadExit => {
-                self.threads.remove(&ev.tid);
-            }
-            _ => {}
-        }
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ev(tid: u32, kind: EventKind, aux: u32) -> Event {
-        Event {
-            ts_ns: 0,
-            tid,
-            kind: kind as u32,
-            cpu: 0,
-            aux,
-            value: 1,
-        }
-    }
-
-    #[test]
-    fn classifies_by_what_happened_while_waiting() {
-        use EventKind::*;
-        let mut t = WaitTracker::default();
-        // Preempted, then run again after another task: contention.
-        assert_eq!(t.on_event(&ev(1, SwitchOut, 1)), None);
-        let w = t.on_event(&ev(1, SwitchIn, 42)).unwrap();
-        assert_eq!((w.kind, w.prev_tid), (WaitKind::Contention, 42));
-        // Preempted, moved, run: migration (even if the new CPU was idle).
-        t.on_event(&ev(1, SwitchOut, 1));
-        t.on_event(&ev(1, Migrate, 0));
-        assert_eq!(
-            t.on_event(&ev(1, SwitchIn, 0)).unwrap().kind,
-            WaitKind::Migration
-        );
-        // Blocked, placed on another CPU by its wakeup, run after the idle task: not a
-        // forced move; the CPU was idle.
-        t.on_event(&ev(1, SwitchOut, 0));
-        t.on_event(&ev(1, Migrate, 0));
-        t.on_event(&ev(1, Wakeup, 0));
-        assert_eq!(
-            t.on_event(&ev(1, SwitchIn, 0)).unwrap().kind,
-            WaitKind::IdleCpu
-        );
-    }
 
     #[test]
     fn long_idle_waits_are_counted_apart() {

@@ -7,12 +7,11 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 
 use crate::{
-    analysis::{
-        report::Report,
-        summary::Summary,
+    analysis::{report::Report, summary::Summary},
+    recording::{
+        Recording,
         timeline::{self, State},
     },
-    recording::Recording,
     render::text,
 };
 
@@ -66,7 +65,7 @@ fn svg(
 /// Per thread, one bar of state changes; adjacent pixel columns in the same state become one
 /// rectangle, so the SVG stays small however many switches there were.
 fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
-    let timelines = timeline::build(&rec.timeline.events, rec.start_ns, rec.end_ns);
+    let timelines = rec.threads_over_time();
     if timelines.is_empty() {
         return None;
     }
@@ -157,7 +156,7 @@ fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
 /// Run-queue wait per CPU and time bin: each completed wait is spread over the bins it covers,
 /// on the CPU that ended it.
 fn heatmap(rec: &Recording) -> Option<String> {
-    let timelines = timeline::build(&rec.timeline.events, rec.start_ns, rec.end_ns);
+    let timelines = rec.threads_over_time();
     let mut cpus: Vec<u32> = rec.host.cpus_online.clone();
     if cpus.is_empty() {
         cpus = (0..=timelines

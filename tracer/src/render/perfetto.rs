@@ -11,8 +11,8 @@
 use tracer_common::PerfSlot;
 
 use crate::{
-    analysis::timeline::{self, State},
     recording::Recording,
+    recording::timeline::{self, State},
 };
 
 /// Protobuf wire encoding of the few field kinds used.
@@ -183,7 +183,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
     d.uint(TRACK_UUID, PROCESS_UUID).msg(TRACK_PROCESS, &p);
     w.track(&d);
 
-    let timelines = timeline::build(&rec.timeline.events, rec.start_ns, rec.end_ns);
+    let timelines = rec.threads_over_time();
     for t in timelines.values() {
         let name = rec
             .threads
@@ -222,7 +222,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         }
     }
 
-    run_queue_counter(&mut w, rec, &timelines);
+    run_queue_counter(&mut w, rec, timelines);
     mpki_counter(&mut w, rec);
     cuda_waiting_counter(&mut w, rec);
     gpu_counters(&mut w, rec);

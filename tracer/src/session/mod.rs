@@ -192,7 +192,7 @@ pub async fn record(
     let bar = progress_bar(opts, target.pid);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(TICK);
-    let mut col = Collector::new(start, bin_ns, opts.keep_timeline, false);
+    let mut col = Collector::new(start, bin_ns, opts.keep_timeline);
     let mut finished = Reaped::default();
     let mut throttling = Vec::new();
     let mut target_exited_ns = None;

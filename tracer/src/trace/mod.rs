@@ -13,6 +13,7 @@ pub mod reader;
 pub mod recover;
 #[cfg(test)]
 mod testfile;
+mod upgrade;
 pub mod writer;
 
 use serde::{Deserialize, Serialize};

@@ -1,25 +1,25 @@
 //! A trace file back into a recording: exactly the one that was written when the file is
 //! complete, and as much as the timeline tells when the tracer died before finishing it.
 
-use std::collections::BTreeMap;
-
-use super::{TraceMeta, reader::TraceContents};
-use crate::{
-    analysis::timeline::{self, State, ThreadTimeline},
-    recording::{
-        Capabilities, Capability, EndReason, GpuCapability, Losses, PmuCapability, Recording,
-        ThreadRecord, WaitSamples,
-        collect::Collector,
-        gpu::{GpuDevice, GpuRecording},
-        records::split,
-    },
+use super::{TraceMeta, reader::TraceContents, upgrade::Upgrade};
+use crate::recording::{
+    Capabilities, Capability, EndReason, GpuCapability, Losses, PmuCapability, Recording,
+    ThreadRecord, WaitSamples,
+    collect::Collector,
+    gpu::{GpuDevice, GpuRecording},
+    records::split,
+    timeline::State,
 };
 
 /// The recording a trace file holds. `keep`: keep the timeline records (for drawing).
 pub fn into_recording(c: TraceContents, keep: bool) -> Recording {
-    let mut col = Collector::new(c.meta.start_ns, c.meta.bin_ns, true, c.version < 2);
+    let mut col = Collector::new(c.meta.start_ns, c.meta.bin_ns, true);
+    let mut upgrade = (c.version < 2).then(Upgrade::default);
     for r in split(&c.records) {
-        col.on_record(r);
+        col.on_record(match upgrade.as_mut() {
+            Some(u) => u.record(r),
+            None => r,
+        });
     }
     let mut rec = match c.final_recording {
         Some(mut rec) => {
@@ -160,8 +160,8 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
         .max(heartbeat);
     rec.end_ns = end;
     rec.events_received = (events.len() + rec.timeline.slices.len()) as u64;
-    let timelines: BTreeMap<u32, ThreadTimeline> = timeline::build(events, meta.start_ns, end);
-    rec.threads = timelines
+    let timelines = rec.threads_over_time();
+    let mut threads: Vec<ThreadRecord> = timelines
         .values()
         .map(|t| {
             let mut samples = WaitSamples::default();
@@ -199,9 +199,9 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
     // Threads that did nothing in the recovered part: as /proc listed them at the start.
     for (tid, info) in &meta.threads {
         if !timelines.contains_key(tid) {
-            rec.threads
-                .push(crate::recording::quiet_thread(info, meta.start_ns, end));
+            threads.push(crate::recording::quiet_thread(info, meta.start_ns, end));
         }
     }
-    rec.threads.sort_by_key(|t| t.tid);
+    threads.sort_by_key(|t| t.tid);
+    rec.threads = threads;
 }

@@ -1,21 +1,21 @@
 //! The verdict on recordings built by hand, one per cause and mixed, through the whole
 //! analysis (timeline, request decomposition, summary, verdict).
 
-use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot};
+use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot, WAIT_CODE_SHIFT, WaitCode};
 
 use super::*;
 use crate::{
     analysis::{
         analyze,
         testutil::{recording, thread},
-        timeline::{self, State},
     },
     recording::{
         CgroupRecording, CudaSpan, CudaTotals, PreemptorRecord, Recording,
         cgroup::{CgroupSample, CgroupVersion, CpuCgroup, Throttling},
         gpu::{GpuDevice, GpuRecording, UtilKind, UtilSample},
         requests::{RequestSet, RequestSource, RequestSpan},
-        waits::WaitTracker,
+        timeline::{self, State},
+        waits::WaitKind,
     },
 };
 
@@ -77,6 +77,19 @@ impl Server {
         });
     }
 
+    /// A switch-in after `prev` ran, with the wait code the kernel side gives it.
+    fn switch_in(&mut self, prev: u32, waited: u64, moved: bool) {
+        let code = if moved {
+            WaitCode::Migration
+        } else if prev == 0 {
+            WaitCode::IdleCpu
+        } else {
+            WaitCode::Contention
+        };
+        self.ev(self.t, EventKind::SwitchIn, prev, waited);
+        self.events.last_mut().unwrap().kind |= (code as u32) << WAIT_CODE_SHIFT;
+    }
+
     fn run(&mut self, ns: u64) {
         if let Some(mpki) = self.mpki {
             let instructions = ns * 2; // 2 instructions per ns
@@ -104,7 +117,7 @@ impl Server {
         let start = self.t;
         self.ev(start, EventKind::Wakeup, 1, 0);
         self.t += 20_000;
-        self.ev(self.t, EventKind::SwitchIn, 5, 20_000);
+        self.switch_in(5, 20_000, false);
         for &p in parts {
             match p {
                 Run(ns) => self.run(ns),
@@ -115,7 +128,7 @@ impl Server {
                         self.ev(self.t + 1, EventKind::Migrate, self.cpu ^ 1, 0);
                     }
                     self.t += ns;
-                    self.ev(self.t, EventKind::SwitchIn, prev, ns);
+                    self.switch_in(prev, ns, moved);
                 }
                 Gpu(ns) => {
                     self.syncs.push(CudaSpan {
@@ -127,7 +140,7 @@ impl Server {
                     self.ev(self.t, EventKind::SwitchOut, 0, 0);
                     self.t += ns;
                     self.ev(self.t, EventKind::Wakeup, 1, 0);
-                    self.ev(self.t, EventKind::SwitchIn, 5, 1);
+                    self.switch_in(5, 1, false);
                 }
             }
         }
@@ -161,12 +174,11 @@ impl Server {
         );
         th.blocked_ns = t.total(State::Blocked);
         th.migrations = t.migrations;
-        let mut tracker = WaitTracker::default();
         for ev in &self.events {
-            if let Some(w) = tracker.on_event(ev)
+            if let Some(kind) = WaitKind::of(ev)
                 && ev.value > 1
             {
-                th.wait_classes.add(w.kind, ev.value);
+                th.wait_classes.add(kind, ev.value);
             }
         }
         if !self.syncs.is_empty() {

@@ -1,16 +1,19 @@
 //! The timeline: each thread's states as intervals, rebuilt from the recorded transitions with
-//! the same rules the kernel side applies (tracer-ebpf `sched.rs`). Drawn by the Perfetto and
-//! HTML outputs, and the source of the totals when a trace file lost its final frame.
+//! the same rules the kernel side applies (tracer-ebpf `sched.rs`); what kind of wait a
+//! switch-in ended is the kernel's classification, carried in the record. The one userspace
+//! copy of the state machine: built once per recording (`Recording::threads_over_time`) and
+//! read by the request decomposition, the Perfetto and HTML outputs, and trace recovery (the
+//! totals when a trace file lost its final frame).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use tracer_common::{Event, EventKind};
 
-use crate::recording::{
-    CudaSpan,
-    waits::{WaitKind, WaitTracker},
-};
+use crate::recording::{CudaSpan, waits::WaitKind};
+
+/// Every thread's timeline, by TID.
+pub type Timelines = BTreeMap<u32, ThreadTimeline>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -94,8 +97,9 @@ impl ThreadTimeline {
 /// Rebuilds every thread's intervals over `[start, end]` from the events, in time order. The
 /// kernel side sends each CPU's events in order, in batches (tracer-ebpf `Batch`), so the
 /// records of two CPUs interleave out of order; a stable sort by timestamp puts them back,
-/// keeping arrival order for equal stamps.
-pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTimeline> {
+/// keeping arrival order for equal stamps. A recording's events are sorted once when it is
+/// assembled, so this copy is only made for events from elsewhere.
+pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
     let sorted;
     let events = if events.is_sorted_by_key(|e| e.ts_ns) {
         events
@@ -105,13 +109,11 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
         sorted = v;
         &sorted
     };
-    let mut threads: BTreeMap<u32, ThreadTimeline> = BTreeMap::new();
-    let mut tracker = WaitTracker::default();
+    let mut threads = Timelines::new();
     for ev in events {
         let Ok(kind) = ev.event_kind() else {
             continue;
         };
-        let ended = tracker.on_event(ev);
         let ts = ev.ts_ns.clamp(start, end.max(start));
         if kind == EventKind::Exec {
             exec(&mut threads, ev, ts, start);
@@ -131,12 +133,11 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
                 }
                 t.cpu = Some(ev.cpu);
                 t.go(ts, State::Running, State::Runnable, start);
-                if let (Some(last), Some(w)) = (t.intervals.last_mut(), ended)
+                if let (Some(last), Some(kind)) = (t.intervals.last_mut(), WaitKind::of(ev))
                     && last.state == State::Runnable
                     && last.end_ns == ts
                 {
-                    // The kernel's classification where the record has it (the same rules).
-                    last.wait = Some((WaitKind::of(ev).unwrap_or(w.kind), w.prev_tid));
+                    last.wait = Some((kind, ev.aux));
                 }
             }
             EventKind::SwitchOut => {
@@ -190,7 +191,7 @@ pub fn build(events: &[Event], start: u64, end: u64) -> BTreeMap<u32, ThreadTime
 
 /// A thread that exec'd took over the main TID (`ev.tid`): its old TID (`ev.aux`) ends, and
 /// the main TID, dead since the old main thread exited, runs again from here.
-fn exec(threads: &mut BTreeMap<u32, ThreadTimeline>, ev: &Event, ts: u64, start: u64) {
+fn exec(threads: &mut Timelines, ev: &Event, ts: u64, start: u64) {
     let new = |tid| ThreadTimeline {
         tid,
         ..Default::default()
