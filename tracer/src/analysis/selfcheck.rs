@@ -68,26 +68,27 @@ fn compare(
     let vol = b.voluntary.saturating_sub(a.voluntary);
     check(
         "voluntary_switches",
-        t.voluntary_switches,
+        t.totals.switches.voluntary_switches,
         vol,
-        count_allowance(vol.max(t.voluntary_switches)),
+        count_allowance(vol.max(t.totals.switches.voluntary_switches)),
     );
     let invol = b.involuntary.saturating_sub(a.involuntary);
     check(
         "involuntary_switches",
-        t.involuntary_switches,
+        t.totals.switches.involuntary_switches,
         invol,
-        count_allowance(invol.max(t.involuntary_switches)),
+        count_allowance(invol.max(t.totals.switches.involuntary_switches)),
     );
     let on = b.oncpu_ns.saturating_sub(a.oncpu_ns);
-    let mut allowed = (ONCPU_SLACK * on.max(t.oncpu_ns) as f64) as u64 + ONCPU_SLACK_NS + gaps;
+    let mut allowed =
+        (ONCPU_SLACK * on.max(t.totals.time.oncpu_ns) as f64) as u64 + ONCPU_SLACK_NS + gaps;
     // schedstat credits a slice that a wakeup's preemption began from the wakeup, so above the
     // recording it may count up to the thread's run-queue waiting: the demo's dispatcher, woken
     // a thousand times behind two CPU hogs, showed 34 ms recorded against 44 ms.
-    if on > t.oncpu_ns {
-        allowed += t.runq_wait_ns;
+    if on > t.totals.time.oncpu_ns {
+        allowed += t.totals.time.runq_wait_ns;
     }
-    check("oncpu_ns", t.oncpu_ns, on, allowed);
+    check("oncpu_ns", t.totals.time.oncpu_ns, on, allowed);
     out
 }
 
@@ -139,8 +140,8 @@ mod tests {
         );
         rec.start_ns = 0;
         rec.end_ns = 10_000_000_000;
-        rec.threads[0].voluntary_switches = 1_000;
-        rec.threads[1].voluntary_switches = 0;
+        rec.threads[0].totals.switches.voluntary_switches = 1_000;
+        rec.threads[1].totals.switches.voluntary_switches = 0;
         let mut w = crate::recording::ProcWindow::default();
         // Thread 1: 1,001 switches by the kernel's count, 510 ms on a CPU: within the edges.
         w.start.insert(1, counts(1_000_000, 0, 0, 0));

@@ -15,6 +15,7 @@ use crate::recording::{
     Capabilities, EndReason, Losses, MigrationRoute, ProbeMode, Recording, ThreadRecord,
     WaitSamples,
     counters::slot_names,
+    threads::{StateTimes, Switches, ThreadTotals},
     topology::{MigrationKind, classify},
     waits::WaitClasses,
 };
@@ -197,18 +198,19 @@ pub struct CountersSummary {
     pub series: Vec<CounterBin>,
 }
 
+/// The target's threads added up.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Totals {
     pub threads: u64,
     pub threads_created: u64,
     pub threads_exited: u64,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub blocked_ns: u64,
+    /// All threads' times added up.
+    #[serde(flatten)]
+    pub time: StateTimes,
     pub offcpu_ns: u64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub migrations: u64,
+    /// All threads' switches, moves and wakeups added up.
+    #[serde(flatten)]
+    pub switches: Switches,
     pub runq_waits: u64,
     pub runq_wait_p50_ns: Option<u64>,
     pub runq_wait_p99_ns: Option<u64>,
@@ -225,19 +227,15 @@ pub struct Totals {
     pub wait_classes: WaitClasses,
 }
 
+/// One thread of the target over the window.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ThreadSummary {
     pub tid: u32,
     pub comm: String,
     pub created_ns: Option<u64>,
     pub exited_ns: Option<u64>,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub migrations: u64,
-    pub wakeups: u64,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub blocked_ns: u64,
+    #[serde(flatten)]
+    pub totals: ThreadTotals,
     pub offcpu_ns: u64,
     pub runq_waits: u64,
     pub runq_wait_p50_ns: Option<u64>,
@@ -268,14 +266,8 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
         comm: t.comm.clone(),
         created_ns: t.created_ns,
         exited_ns: t.exited_ns,
-        voluntary_switches: t.voluntary_switches,
-        involuntary_switches: t.involuntary_switches,
-        migrations: t.migrations,
-        wakeups: t.wakeups,
-        oncpu_ns: t.oncpu_ns,
-        runq_wait_ns: t.runq_wait_ns,
-        blocked_ns: t.blocked_ns,
-        offcpu_ns: t.offcpu_ns(),
+        totals: t.totals,
+        offcpu_ns: t.totals.time.offcpu_ns(),
         runq_waits: t.runq_waits,
         runq_wait_p50_ns: p50,
         runq_wait_p99_ns: p99,
@@ -291,9 +283,9 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
             sync_calls: c.sync_calls,
             sync_ns: c.sync_ns,
             sync_max_ns: c.sync_max_ns,
-            sync_share: c.sync_ns as f64 / t.alive_ns().max(1) as f64,
+            sync_share: c.sync_ns as f64 / t.totals.time.alive_ns().max(1) as f64,
             sync_busy_share: c.sync_ns as f64
-                / (t.oncpu_ns + t.runq_wait_ns + c.sync_ns).max(1) as f64,
+                / (t.totals.time.oncpu_ns + t.totals.time.runq_wait_ns + c.sync_ns).max(1) as f64,
         }),
     }
 }
@@ -339,12 +331,8 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
         t.threads += 1;
         t.threads_created += th.created_ns.is_some() as u64;
         t.threads_exited += th.exited_ns.is_some() as u64;
-        t.oncpu_ns += th.oncpu_ns;
-        t.runq_wait_ns += th.runq_wait_ns;
-        t.blocked_ns += th.blocked_ns;
-        t.voluntary_switches += th.voluntary_switches;
-        t.involuntary_switches += th.involuntary_switches;
-        t.migrations += th.migrations;
+        t.time += th.totals.time;
+        t.switches += th.totals.switches;
         t.runq_waits += th.runq_waits;
         t.runq_wait_max_ns = t.runq_wait_max_ns.max(th.runq_wait_max_ns);
         t.wait_classes.merge(&th.wait_classes);
@@ -356,14 +344,14 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
             *sum = sum.saturating_add(c);
         }
     }
-    t.offcpu_ns = t.runq_wait_ns + t.blocked_ns;
+    t.offcpu_ns = t.time.offcpu_ns();
     let (p50, p99, from) = wait_quantiles(&merged, &log2, t.runq_waits, t.runq_wait_max_ns);
     t.runq_wait_p50_ns = p50;
     t.runq_wait_p99_ns = p99;
     t.runq_wait_quantiles_from = Some(from);
-    let wanted = t.oncpu_ns + t.runq_wait_ns;
+    let wanted = t.time.oncpu_ns + t.time.runq_wait_ns;
     t.runq_wait_share = if wanted > 0 {
-        t.runq_wait_ns as f64 / wanted as f64
+        t.time.runq_wait_ns as f64 / wanted as f64
     } else {
         0.0
     };
@@ -374,7 +362,10 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
 pub fn build(rec: &Recording) -> Summary {
     let mut threads: Vec<ThreadSummary> =
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
-    threads.sort_by(|a, b| b.runq_wait_ns.cmp(&a.runq_wait_ns).then(a.tid.cmp(&b.tid)));
+    threads.sort_by(|a, b| {
+        let wait = |t: &ThreadSummary| t.totals.time.runq_wait_ns;
+        wait(b).cmp(&wait(a)).then(a.tid.cmp(&b.tid))
+    });
     let (preemptors, preemptor_processes) = preemptors::summarize(rec);
     let neighbours = super::neighbours::group(rec, &preemptors);
     let mut migration_routes: Vec<RouteSummary> = rec
@@ -488,7 +479,7 @@ mod tests {
         let s = crate::analysis::analyze(&rec).summary;
         assert_eq!(s.duration_ns, 10_000);
         assert_eq!(s.threads[0].tid, 2, "largest wait first");
-        assert_eq!(s.totals.runq_wait_ns, 4_000);
+        assert_eq!(s.totals.time.runq_wait_ns, 4_000);
         assert_eq!(s.totals.runq_waits, 3);
         assert_eq!(s.totals.runq_wait_max_ns, 3_000);
         assert!((s.totals.runq_wait_share - 4_000.0 / 12_000.0).abs() < 1e-9);

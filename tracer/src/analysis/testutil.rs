@@ -1,7 +1,9 @@
 //! Recordings built by hand for the analysis tests.
 
 use crate::recording::{
-    EndReason, Losses, PreemptorRecord, ProbeMode, Recording, TargetMeta, ThreadRecord, WaitSamples,
+    EndReason, Losses, PreemptorRecord, ProbeMode, Recording, TargetMeta, ThreadRecord,
+    WaitSamples,
+    threads::{StateTimes, Switches, ThreadTotals},
 };
 
 /// A thread with `on` ns on a CPU, `rq` ns waiting, and the given complete waits.
@@ -18,13 +20,19 @@ pub fn thread(tid: u32, on: u64, rq: u64, waits: &[u64]) -> ThreadRecord {
         created_ns: None,
         exited_ns: None,
         parent_tid: None,
-        voluntary_switches: 1,
-        involuntary_switches: waits.len() as u64,
-        migrations: 0,
-        wakeups: 0,
-        oncpu_ns: on,
-        runq_wait_ns: rq,
-        blocked_ns: 0,
+        totals: ThreadTotals {
+            switches: Switches {
+                voluntary_switches: 1,
+                involuntary_switches: waits.len() as u64,
+                migrations: 0,
+                wakeups: 0,
+            },
+            time: StateTimes {
+                oncpu_ns: on,
+                runq_wait_ns: rq,
+                blocked_ns: 0,
+            },
+        },
         runq_waits: waits.len() as u64,
         runq_wait_max_ns: waits.iter().copied().max().unwrap_or(0),
         runq_wait_log2_hist: log2,

@@ -59,13 +59,8 @@ pub struct ThreadRecord {
     pub created_ns: Option<u64>,
     pub exited_ns: Option<u64>,
     pub parent_tid: Option<u32>,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub migrations: u64,
-    pub wakeups: u64,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub blocked_ns: u64,
+    #[serde(flatten)]
+    pub totals: threads::ThreadTotals,
     /// Complete run-queue waits inside the window.
     pub runq_waits: u64,
     pub runq_wait_max_ns: u64,
@@ -111,15 +106,6 @@ pub struct CudaSpan {
     pub end_ns: u64,
     /// The libcuda function (`CudaFn` discriminant).
     pub function: u32,
-}
-
-impl ThreadRecord {
-    pub fn offcpu_ns(&self) -> u64 {
-        self.runq_wait_ns + self.blocked_ns
-    }
-    pub fn alive_ns(&self) -> u64 {
-        self.oncpu_ns + self.offcpu_ns()
-    }
 }
 
 /// The kernel's per-CPU migration stopper (`migration/N`): the CPU time it takes is the cost
@@ -404,15 +390,6 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-fn add_to(state: u32, ns: u64, on: &mut u64, rq: &mut u64, bl: &mut u64) {
-    match ThreadState::try_from(state) {
-        Ok(ThreadState::Running) => *on += ns,
-        Ok(ThreadState::Runnable) => *rq += ns,
-        Ok(ThreadState::Blocked | ThreadState::New) => *bl += ns,
-        _ => {}
-    }
-}
-
 /// Closes a kernel account against the window `[start, end]`: the interval before the first
 /// event goes to the state deduced from it, the interval after the last event to the state the
 /// thread is still in.
@@ -450,19 +427,17 @@ pub fn close_thread(
     samples: WaitSamples,
     after: Option<&ProcCounts>,
 ) -> ThreadRecord {
-    let (mut on, mut rq, mut bl) = (s.oncpu_ns, s.runq_wait_ns, s.blocked_ns);
+    let mut time = threads::StateTimes::from(s);
     let created = s.flags & FLAG_CREATED != 0;
     if !created && s.first_state != ThreadState::Unknown as u32 {
-        let head = s.first_ts_ns.saturating_sub(start);
-        add_to(s.first_state, head, &mut on, &mut rq, &mut bl);
+        time.add_in(s.first_state, s.first_ts_ns.saturating_sub(start));
     }
     if s.state == ThreadState::Running as u32 {
         let (ran, off) = running_tail(s, end.saturating_sub(s.state_ts_ns), after);
-        on += ran;
-        bl += off;
+        time.oncpu_ns += ran;
+        time.blocked_ns += off;
     } else if s.state != ThreadState::Unknown as u32 {
-        let tail = end.saturating_sub(s.state_ts_ns);
-        add_to(s.state, tail, &mut on, &mut rq, &mut bl);
+        time.add_in(s.state, end.saturating_sub(s.state_ts_ns));
     }
     let kernel_comm = comm_string(&s.comm);
     ThreadRecord {
@@ -476,13 +451,10 @@ pub fn close_thread(
         created_ns: created.then_some(s.created_ts_ns),
         exited_ns: (s.flags & FLAG_EXITED != 0).then_some(s.exited_ts_ns),
         parent_tid: created.then_some(s.parent_tid),
-        voluntary_switches: s.voluntary_switches,
-        involuntary_switches: s.involuntary_switches,
-        migrations: s.migrations,
-        wakeups: s.wakeups,
-        oncpu_ns: on,
-        runq_wait_ns: rq,
-        blocked_ns: bl,
+        totals: threads::ThreadTotals {
+            switches: s.into(),
+            time,
+        },
         runq_waits: s.runq_waits,
         runq_wait_max_ns: s.runq_wait_max_ns,
         runq_wait_log2_hist: s.runq_hist.to_vec(),
@@ -504,13 +476,14 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
         created_ns: None,
         exited_ns: None,
         parent_tid: None,
-        voluntary_switches: 0,
-        involuntary_switches: 0,
-        migrations: 0,
-        wakeups: 0,
-        oncpu_ns: if running { len } else { 0 },
-        runq_wait_ns: 0,
-        blocked_ns: if running { 0 } else { len },
+        totals: threads::ThreadTotals {
+            switches: Default::default(),
+            time: threads::StateTimes {
+                oncpu_ns: if running { len } else { 0 },
+                runq_wait_ns: 0,
+                blocked_ns: if running { 0 } else { len },
+            },
+        },
         runq_waits: 0,
         runq_wait_max_ns: 0,
         runq_wait_log2_hist: vec![0; tracer_common::RUNQ_HIST_SLOTS],
@@ -587,10 +560,10 @@ mod tests {
         s.state = ThreadState::Blocked as u32;
         s.state_ts_ns = 400;
         let r = close_thread(&s, 100, 1000, None, WaitSamples::default(), None);
-        assert_eq!(r.blocked_ns, 50 + 600);
-        assert_eq!(r.oncpu_ns, 240);
-        assert_eq!(r.runq_wait_ns, 10);
-        assert_eq!(r.alive_ns(), 900);
+        assert_eq!(r.totals.time.blocked_ns, 50 + 600);
+        assert_eq!(r.totals.time.oncpu_ns, 240);
+        assert_eq!(r.totals.time.runq_wait_ns, 10);
+        assert_eq!(r.totals.time.alive_ns(), 900);
     }
 
     #[test]
@@ -608,7 +581,7 @@ mod tests {
         s.state_ts_ns = 700;
         s.comm = *b"worker\0\0\0\0\0\0\0\0\0\0";
         let r = close_thread(&s, 100, 1000, Some("renamed"), WaitSamples::default(), None);
-        assert_eq!(r.alive_ns(), 400);
+        assert_eq!(r.totals.time.alive_ns(), 400);
         assert_eq!(r.created_ns, Some(300));
         assert_eq!(r.exited_ns, Some(700));
         // An exited thread keeps its kernel-side name: /proc no longer knows it.
@@ -644,7 +617,10 @@ mod tests {
             WaitSamples::default(),
             Some(&after(5_050, 9)),
         );
-        assert_eq!((r.oncpu_ns, r.blocked_ns), (50, 550));
+        assert_eq!(
+            (r.totals.time.oncpu_ns, r.totals.time.blocked_ns),
+            (50, 550)
+        );
         // Still running: no switch since, and its CPU time lags (not updated since a tick).
         let r = close_thread(
             &s,
@@ -654,7 +630,7 @@ mod tests {
             WaitSamples::default(),
             Some(&after(5_100, 8)),
         );
-        assert_eq!((r.oncpu_ns, r.blocked_ns), (600, 0));
+        assert_eq!((r.totals.time.oncpu_ns, r.totals.time.blocked_ns), (600, 0));
         // Without its counters (classic tracepoints), the tail runs to the end as before.
         s.flags &= !FLAG_SEEN;
         let r = close_thread(
@@ -665,7 +641,7 @@ mod tests {
             WaitSamples::default(),
             Some(&after(5_050, 9)),
         );
-        assert_eq!(r.oncpu_ns, 600);
+        assert_eq!(r.totals.time.oncpu_ns, 600);
     }
 
     #[test]
@@ -704,10 +680,10 @@ mod tests {
         );
         let tids: Vec<u32> = threads.iter().map(|t| t.tid).collect();
         assert_eq!(tids, vec![5, 6, 7]);
-        assert_eq!(threads[0].blocked_ns, 1000);
-        assert_eq!(threads[1].oncpu_ns, 1000);
-        assert_eq!(threads[2].oncpu_ns, 200);
-        assert_eq!(threads[2].runq_wait_ns, 800);
+        assert_eq!(threads[0].totals.time.blocked_ns, 1000);
+        assert_eq!(threads[1].totals.time.oncpu_ns, 1000);
+        assert_eq!(threads[2].totals.time.oncpu_ns, 200);
+        assert_eq!(threads[2].totals.time.runq_wait_ns, 800);
     }
 
     #[test]

@@ -10,7 +10,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tracer_common::{Event, EventKind};
 
-use crate::recording::{CudaSpan, waits::WaitKind};
+use crate::recording::{
+    CudaSpan,
+    threads::{StateTimes, Switches, ThreadTotals},
+    waits::WaitKind,
+};
 
 /// Every thread's timeline, by TID.
 pub type Timelines = BTreeMap<u32, ThreadTimeline>;
@@ -51,10 +55,7 @@ pub struct Interval {
 pub struct ThreadTimeline {
     pub tid: u32,
     pub intervals: Vec<Interval>,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub migrations: u64,
-    pub wakeups: u64,
+    pub switches: Switches,
     /// Complete run-queue waits (ns), with the CPU that ended each.
     pub waits: Vec<(u64, u32)>,
     pub created_ns: Option<u64>,
@@ -143,10 +144,10 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             EventKind::SwitchOut => {
                 t.cpu = Some(ev.cpu);
                 if ev.aux == 1 {
-                    t.involuntary_switches += 1;
+                    t.switches.involuntary_switches += 1;
                     t.go(ts, State::Runnable, State::Running, start);
                 } else {
-                    t.voluntary_switches += 1;
+                    t.switches.voluntary_switches += 1;
                     t.go(ts, State::Blocked, State::Running, start);
                     if t.exited_ns.is_some() {
                         t.close(ts);
@@ -157,13 +158,13 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             }
             EventKind::Wakeup | EventKind::WakeupNew => {
                 if !matches!(t.state, Some(State::Running | State::Runnable)) {
-                    t.wakeups += 1;
+                    t.switches.wakeups += 1;
                     t.cpu = Some(ev.cpu);
                     t.go(ts, State::Runnable, State::Blocked, start);
                 }
             }
             EventKind::Migrate => {
-                t.migrations += 1;
+                t.switches.migrations += 1;
                 t.cpu = Some(ev.cpu);
             }
             EventKind::ThreadNew => {
@@ -223,6 +224,18 @@ impl ThreadTimeline {
             .map(|i| i.end_ns - i.start_ns)
             .sum()
     }
+
+    /// The thread's totals as the timeline tells them.
+    pub fn totals(&self) -> ThreadTotals {
+        ThreadTotals {
+            switches: self.switches,
+            time: StateTimes {
+                oncpu_ns: self.total(State::Running),
+                runq_wait_ns: self.total(State::Runnable),
+                blocked_ns: self.total(State::Blocked),
+            },
+        }
+    }
 }
 
 /// CUDA synchronizing calls of one thread.
@@ -275,8 +288,9 @@ mod tests {
                 (300, 1000, State::Blocked),
             ]
         );
-        assert_eq!((t.voluntary_switches, t.involuntary_switches), (1, 1));
-        assert_eq!((t.migrations, t.wakeups), (1, 1));
+        let s = t.switches;
+        assert_eq!((s.voluntary_switches, s.involuntary_switches), (1, 1));
+        assert_eq!((s.migrations, s.wakeups), (1, 1));
         assert_eq!(t.waits, vec![(10, 1), (60, 0)]);
         assert_eq!(
             t.total(State::Running) + t.total(State::Runnable) + t.total(State::Blocked),

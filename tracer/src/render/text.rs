@@ -78,10 +78,10 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         out,
         "  on-CPU {}  run-queue wait {} ({} of the time the threads wanted a CPU)  blocked {}",
-        dur(t.oncpu_ns),
-        dur(t.runq_wait_ns),
+        dur(t.time.oncpu_ns),
+        dur(t.time.runq_wait_ns),
         pct(t.runq_wait_share),
-        dur(t.blocked_ns)
+        dur(t.time.blocked_ns)
     );
     let _ = writeln!(
         out,
@@ -99,9 +99,9 @@ pub fn render(r: &Report) -> String {
         out,
         "  context switches: {} voluntary, {} involuntary; {} migrations ({} within a core, {} \
          within an LLC, {} across LLCs, {} across NUMA nodes)",
-        t.voluntary_switches,
-        t.involuntary_switches,
-        t.migrations,
+        t.switches.voluntary_switches,
+        t.switches.involuntary_switches,
+        t.switches.migrations,
         t.migrations_same_core,
         t.migrations_same_llc,
         t.migrations_cross_llc,
@@ -166,7 +166,10 @@ pub fn render(r: &Report) -> String {
     let active: Vec<_> = s
         .threads
         .iter()
-        .filter(|t| t.oncpu_ns > 0 || t.voluntary_switches + t.involuntary_switches > 0)
+        .filter(|t| {
+            t.totals.time.oncpu_ns > 0
+                || t.totals.switches.voluntary_switches + t.totals.switches.involuntary_switches > 0
+        })
         .collect();
     let idle = s.threads.len() - active.len();
     let _ = writeln!(out, "\nThreads (by run-queue wait):");
@@ -193,14 +196,14 @@ pub fn render(r: &Report) -> String {
         tt.add_row(vec![
             s.shown_id(th.tid),
             name,
-            dur(th.oncpu_ns),
-            dur(th.runq_wait_ns),
+            dur(th.totals.time.oncpu_ns),
+            dur(th.totals.time.runq_wait_ns),
             opt_dur(th.runq_wait_p50_ns),
             opt_dur(th.runq_wait_p99_ns),
             dur(th.runq_wait_max_ns),
-            th.voluntary_switches.to_string(),
-            th.involuntary_switches.to_string(),
-            th.migrations.to_string(),
+            th.totals.switches.voluntary_switches.to_string(),
+            th.totals.switches.involuntary_switches.to_string(),
+            th.totals.switches.migrations.to_string(),
         ]);
     }
     let _ = writeln!(out, "{tt}");
@@ -326,7 +329,7 @@ fn counters(out: &mut String, s: &Summary) {
             "\nSoftware counters, read at the same context switches: cpu-clock {} (scheduler: \
              on-CPU {}), {switches} context switches, {} migrations",
             dur(clock),
-            dur(s.totals.oncpu_ns),
+            dur(s.totals.time.oncpu_ns),
             opt(sw.cpu_migrations)
         );
     }

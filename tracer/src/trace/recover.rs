@@ -8,7 +8,6 @@ use crate::recording::{
     collect::Collector,
     gpu::{GpuDevice, GpuRecording},
     records::split,
-    timeline::State,
 };
 
 /// The recording a trace file holds. `keep`: keep the timeline records (for drawing).
@@ -179,13 +178,7 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
                 created_ns: t.created_ns,
                 exited_ns: t.exited_ns,
                 parent_tid: t.parent_tid,
-                voluntary_switches: t.voluntary_switches,
-                involuntary_switches: t.involuntary_switches,
-                migrations: t.migrations,
-                wakeups: t.wakeups,
-                oncpu_ns: t.total(State::Running),
-                runq_wait_ns: t.total(State::Runnable),
-                blocked_ns: t.total(State::Blocked),
+                totals: t.totals(),
                 runq_waits: t.waits.len() as u64,
                 runq_wait_max_ns: t.waits.iter().map(|w| w.0).max().unwrap_or(0),
                 runq_wait_log2_hist: hist,

@@ -35,13 +35,13 @@ struct Lost {
 
 pub fn causes(s: &Summary) -> Vec<Cause> {
     let t = &s.totals;
-    let wanted = (t.oncpu_ns + t.runq_wait_ns).max(1) as f64;
+    let wanted = (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64;
     let c: &WaitClasses = &t.wait_classes;
     let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns) as f64;
     // The wait classes come from the timeline; the kernel's total is exact even if events
     // were lost, so they are scaled to it.
     let scale = if classified > 0.0 {
-        t.runq_wait_ns as f64 / classified
+        t.time.runq_wait_ns as f64 / classified
     } else {
         0.0
     };
@@ -49,7 +49,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     let busy = s
         .threads
         .iter()
-        .filter(|th| th.oncpu_ns as f64 >= BUSY_SHARE * s.duration_ns as f64)
+        .filter(|th| th.totals.time.oncpu_ns as f64 >= BUSY_SHARE * s.duration_ns as f64)
         .count()
         .max(1) as f64;
     // Who held the CPU while the threads waited, integrated by the kernel per CPU: the idle
@@ -64,7 +64,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     };
     let idle_share = share_of(&|p| p.tgid == 0);
     let stopper_share = share_of(&|p| is_migration_stopper(&p.comm));
-    let runq = t.runq_wait_ns as f64;
+    let runq = t.time.runq_wait_ns as f64;
     let attributed = !s.preemptor_processes.is_empty();
     let idle_ns = runq * idle_share;
     let stopper_ns = runq * stopper_share;
@@ -135,7 +135,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
                 0.0,
                 format!(
                     "{forced_rate:.0} forced moves per second per busy thread ({} migrations in all: {} same-LLC, {} cross-LLC, {} cross-NUMA); {} waiting after moves and behind the migration stopper",
-                    t.migrations,
+                    t.switches.migrations,
                     t.migrations_same_llc + t.migrations_same_core,
                     t.migrations_cross_llc,
                     t.migrations_cross_numa,
@@ -216,7 +216,7 @@ fn cache_loss(s: &Summary) -> Option<(f64, String)> {
         }
         // ns per cycle of this thread, from its on-CPU time.
         let cycles: u64 = bins.iter().map(|b| b.2).sum();
-        let ns_per_cycle = th.oncpu_ns as f64 / cycles.max(1) as f64;
+        let ns_per_cycle = th.totals.time.oncpu_ns as f64 / cycles.max(1) as f64;
         for b in &hot {
             if median_ipc > 0.0 && b.1 < median_ipc {
                 lost_ns += b.2 as f64 * (1.0 - b.1 / median_ipc) * ns_per_cycle;
@@ -232,7 +232,7 @@ fn cache_loss(s: &Summary) -> Option<(f64, String)> {
             );
         }
     }
-    let wanted = (s.totals.oncpu_ns + s.totals.runq_wait_ns).max(1) as f64;
+    let wanted = (s.totals.time.oncpu_ns + s.totals.time.runq_wait_ns).max(1) as f64;
     (lost_ns / wanted >= 0.05).then(|| {
         (
             lost_ns,
@@ -250,12 +250,16 @@ fn cache_loss(s: &Summary) -> Option<(f64, String)> {
 pub fn bound(s: &Summary) -> Option<String> {
     let util = super::target_gpu_util(s)?;
     let mpki = s.counters.totals.mpki;
-    let busiest = s.threads.iter().max_by_key(|t| t.oncpu_ns).map(|t| {
-        (
-            printable(&t.comm).into_owned(),
-            t.oncpu_ns as f64 / s.duration_ns.max(1) as f64,
-        )
-    });
+    let busiest = s
+        .threads
+        .iter()
+        .max_by_key(|t| t.totals.time.oncpu_ns)
+        .map(|t| {
+            (
+                printable(&t.comm).into_owned(),
+                t.totals.time.oncpu_ns as f64 / s.duration_ns.max(1) as f64,
+            )
+        });
     if util >= GPU_BUSY_PCT && mpki.is_none_or(|m| m < 10.0) {
         return Some(format!("GPU-bound: the GPU was {util:.0}% busy"));
     }

@@ -172,8 +172,8 @@ impl Server {
             t.total(State::Runnable),
             &waits,
         );
-        th.blocked_ns = t.total(State::Blocked);
-        th.migrations = t.migrations;
+        th.totals.time.blocked_ns = t.total(State::Blocked);
+        th.totals.switches.migrations = t.switches.migrations;
         for ev in &self.events {
             if let Some(kind) = WaitKind::of(ev)
                 && ev.value > 1
@@ -545,7 +545,7 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
         sync_max_ns: 10 * MS,
     });
     with_gpu(&mut rec, 97.0);
-    rec.threads[0].blocked_ns = 700 * MS;
+    rec.threads[0].totals.time.blocked_ns = 700 * MS;
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::GpuSaturation, "{v:?}");
     // The same waits on a GPU at 40 %: not saturation.
@@ -560,7 +560,7 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
         sync_ns: 30 * MS,
         sync_max_ns: MS,
     });
-    rec.threads[0].blocked_ns = 970 * MS;
+    rec.threads[0].totals.time.blocked_ns = 970 * MS;
     with_gpu(&mut rec, 97.0);
     assert_eq!(verdict(&rec).primary, Primary::GpuSaturation);
 }
