@@ -11,7 +11,7 @@ use serde::Serialize;
 use tracer_common::{Event, EventKind};
 
 use crate::recording::{
-    CudaSpan,
+    cuda::CudaSpan,
     threads::{StateTimes, Switches, ThreadTotals},
     waits::WaitKind,
 };

@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::Result;
 use tracer_common::{Preemptor, ThreadStats};
 
-use super::target_meta;
 use crate::{
     recording::{
         Capabilities, Capability, CgroupRecording, CudaTotals, EndReason, GpuCapability, HostMeta,
-        MigrationRoute, PreemptorRecord, Recording, ThreadInfo, ThreadInputs, assemble_threads,
+        MigrationRoute, PreemptorRecord, Recording, ThreadInfo,
         children::{ChildSnapshot, Forked, child_records},
+        close::{ThreadInputs, assemble_threads},
         collect::Collector,
         comm_string,
         counters::CounterTotals,
@@ -237,6 +237,15 @@ pub fn recording(
         .map(|(inode, ids)| crate::recording::PidNamespaceIds { inode, ids });
     col.finish_into(&mut rec);
     Ok(rec)
+}
+
+/// What the recording says of its target.
+pub fn target_meta(target: &Target) -> crate::recording::TargetMeta {
+    crate::recording::TargetMeta {
+        pid: target.pid,
+        comm: target.comm.clone(),
+        cmdline: target.cmdline.clone(),
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ mod assemble;
 
 use crate::{
     recording::{
-        Capability, CgroupRecording, EndReason, Recording, TargetMeta, TracerCost,
+        Capability, CgroupRecording, EndReason, Recording, TracerCost,
         collect::Collector,
         counters::slot_name,
         records::{Record, encode, split},
@@ -165,7 +165,7 @@ pub async fn record(
     if let Some(w) = writer.as_mut() {
         w.meta(&TraceMeta {
             tracer_version: env!("CARGO_PKG_VERSION").into(),
-            target: target_meta(target),
+            target: assemble::target_meta(target),
             host: host.clone(),
             probe_mode: probes.mode(),
             start_ns: start,
@@ -353,14 +353,6 @@ fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &Sch
     bar.set_message(format!("{records} events, {dropped} dropped"));
 }
 
-pub fn target_meta(target: &Target) -> TargetMeta {
-    TargetMeta {
-        pid: target.pid,
-        comm: target.comm.clone(),
-        cmdline: target.cmdline.clone(),
-    }
-}
-
 fn notices(
     target: &Target,
     opts: &SessionOptions,
@@ -407,4 +399,12 @@ fn notices(
         target.proc_pid,
         crate::recording::printable(&target.comm),
     );
+}
+
+/// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain
+/// the ring buffer, and it keeps the tracer's own footprint small.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }

@@ -192,7 +192,11 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
     // Threads that did nothing in the recovered part: as /proc listed them at the start.
     for (tid, info) in &meta.threads {
         if !timelines.contains_key(tid) {
-            threads.push(crate::recording::quiet_thread(info, meta.start_ns, end));
+            threads.push(crate::recording::close::quiet_thread(
+                info,
+                meta.start_ns,
+                end,
+            ));
         }
     }
     threads.sort_by_key(|t| t.tid);
