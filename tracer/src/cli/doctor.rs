@@ -149,7 +149,7 @@ fn report(pid: Option<u32>) -> Report {
         scheduler_tracing,
         capabilities: Capabilities {
             pmu,
-            btf: host::btf(Path::new(layout::VMLINUX_BTF)),
+            btf: layout::btf_capability(Path::new(layout::VMLINUX_BTF)),
             tracefs: host::tracefs(),
             gpu: GpuCapability::from_parts(
                 gpu.capability.clone(),
@@ -280,7 +280,7 @@ fn render(r: &Report) -> String {
 
 pub fn run(args: DoctorArgs) -> Result<()> {
     // The probes register their ring buffer with tokio even when only loaded.
-    let rt = super::runtime()?;
+    let rt = crate::session::runtime()?;
     let r = {
         let _guard = rt.enter();
         report(args.pid)

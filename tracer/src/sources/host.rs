@@ -1,31 +1,10 @@
 //! What this host lets the tracer measure: BTF, tracefs, the PMU, NVIDIA GPUs. Shared by
 //! `tracer doctor` and the `capabilities` object every recording carries.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use super::{clock::realtime_minus_monotonic_ns, ebpf::layout};
 use crate::recording::Capability;
-
-/// Kernel BTF, which tp_btf programs and the task_struct offsets need.
-pub fn btf(path: &Path) -> Capability {
-    if !path.exists() {
-        return Capability::no(format!(
-            "{} is missing: the kernel was built without CONFIG_DEBUG_INFO_BTF; classic \
-             tracepoints are used instead",
-            path.display()
-        ));
-    }
-    match layout::TaskOffsets::from_btf_file(path) {
-        Ok(o) => Capability::yes(format!(
-            "{} parsed; task_struct offsets found; {}",
-            path.display(),
-            layout::wakeup_clock_note(o.rq_clock.is_some())
-        )),
-        Err(e) => Capability::no(format!("{} unusable: {e:#}", path.display())),
-    }
-}
 
 /// tracefs, which only the classic fallback needs.
 pub fn tracefs() -> Capability {
@@ -167,17 +146,5 @@ pub fn host_meta(cpus: &[u32]) -> crate::recording::HostMeta {
         topology: super::topology::read(cpus),
         argv: std::env::args().collect(),
         realtime_minus_monotonic_ns: realtime_minus_monotonic_ns(),
-    }
-}
-
-#[cfg(test)]
-pub mod tests {
-    use super::*;
-
-    #[test]
-    fn btf_missing_says_what_happens_instead() {
-        let c = btf(Path::new("/nonexistent/vmlinux"));
-        assert!(!c.available);
-        assert!(c.reason.contains("classic tracepoints"), "{}", c.reason);
     }
 }

@@ -15,8 +15,8 @@ const FLOOR: [(&str, &str); 6] = [
     ("floor_exit", "sched_process_exit"),
 ];
 
+/// Loads and attaches the floor programs until interrupted; the caller checks the privileges.
 pub fn run() -> Result<()> {
-    crate::sources::privileges::check()?;
     let btf = Btf::from_sys_fs().context("the floor programs are tp_btf: they need BTF")?;
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))

@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use tracer_common::Config;
 
 use super::btf::Btf;
+use crate::recording::Capability;
 
 /// Where the kernel exposes its own BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -346,9 +347,35 @@ pub fn apply_classic_formats(tracefs: &Path, config: &mut Config) -> Result<()> 
     Ok(())
 }
 
+/// Kernel BTF, which tp_btf programs and the task_struct offsets need.
+pub fn btf_capability(path: &Path) -> Capability {
+    if !path.exists() {
+        return Capability::no(format!(
+            "{} is missing: the kernel was built without CONFIG_DEBUG_INFO_BTF; classic \
+             tracepoints are used instead",
+            path.display()
+        ));
+    }
+    match TaskOffsets::from_btf_file(path) {
+        Ok(o) => Capability::yes(format!(
+            "{} parsed; task_struct offsets found; {}",
+            path.display(),
+            wakeup_clock_note(o.rq_clock.is_some())
+        )),
+        Err(e) => Capability::no(format!("{} unusable: {e:#}", path.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn btf_missing_says_what_happens_instead() {
+        let c = btf_capability(Path::new("/nonexistent/vmlinux"));
+        assert!(!c.available);
+        assert!(c.reason.contains("classic tracepoints"), "{}", c.reason);
+    }
 
     // A format file as Linux 6.18 prints it (trimmed).
     const SWITCH: &str = "name: sched_switch

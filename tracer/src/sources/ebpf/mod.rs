@@ -259,7 +259,7 @@ impl SchedProbes {
                     layout::wakeup_clock_note(config.wakeup_rq_clock != 0)
                 ),
             },
-            None => crate::sources::host::btf(&btf_path),
+            None => layout::btf_capability(&btf_path),
         };
         // The parsed BTF (27 MB here) is done with once the programs are in; handing it back
         // before the ring buffer is mapped (twice its size, all resident) keeps the two out
