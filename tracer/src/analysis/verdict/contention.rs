@@ -3,11 +3,13 @@
 //! close (the target's own threads and a neighbour, say), both are named.
 
 use super::{
-    Summary,
+    evidence::pct,
     mechanism::{Contender, Mechanism},
-    pct,
 };
-use crate::analysis::neighbours::{Neighbour, NeighbourKind};
+use crate::analysis::{
+    neighbours::{Neighbour, NeighbourKind},
+    summary::Summary,
+};
 
 /// The second side is named too when it caused at least this part of the first's waiting.
 const CLOSE: f64 = 2.0 / 3.0;

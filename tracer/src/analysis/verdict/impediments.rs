@@ -2,7 +2,12 @@
 //! their latency is steady): how much of the time the threads wanted a CPU they lost, and to
 //! what; the GPU's state while they waited on it; their MPKI against their own baseline.
 
-use super::{Cause, Mechanism, gpu_mechanism, ms, pct, throttle_evidence, throttled};
+use super::{
+    evidence::{ms, pct, throttle_evidence, throttled},
+    gpu::{GPU_BUSY_PCT, gpu_mechanism, target_gpu_util},
+    mechanism::Mechanism,
+    model::Cause,
+};
 use crate::{
     analysis::summary::Summary,
     recording::{is_migration_stopper, printable, waits::WaitClasses},
@@ -18,10 +23,9 @@ pub const THROTTLE_MIN: f64 = 0.02;
 /// thread a few times a second; dozens per second means something keeps moving it.
 pub const MIGRATION_RATE_MIN: f64 = 20.0;
 /// A thread waiting on the GPU for at least 20 % of its busy time (on a CPU, waiting for one,
-/// or in CUDA synchronization), while the GPU was >= 85 % busy. Busy time, not wall time: a
+/// or in CUDA synchronization), while the GPU was >= 85 % busy (`GPU_BUSY_PCT`). Busy time, not wall time: a
 /// server idle between requests still has every request slowed.
 pub const GPU_SYNC_MIN: f64 = 0.20;
-pub const GPU_BUSY_PCT: f64 = 85.0;
 /// A thread's MPKI is elevated in a bin at twice its median bin (and >= 1), in 10 % of bins.
 pub const MPKI_ELEVATION: f64 = 2.0;
 pub const MPKI_ELEVATED_BINS_MIN: f64 = 0.10;
@@ -145,7 +149,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         });
     }
 
-    let util = super::target_gpu_util(s);
+    let util = target_gpu_util(s);
     if let Some(u) = util
         && u >= GPU_BUSY_PCT
         && s.cuda.max_thread_sync_busy_share >= GPU_SYNC_MIN
@@ -248,7 +252,7 @@ fn cache_loss(s: &Summary) -> Option<(f64, String)> {
 /// many LLC misses with an idle GPU is memory-bound; a busy CPU thread with an idle GPU is
 /// host-bound.
 pub fn bound(s: &Summary) -> Option<String> {
-    let util = super::target_gpu_util(s)?;
+    let util = target_gpu_util(s)?;
     let mpki = s.counters.totals.mpki;
     let busiest = s
         .threads

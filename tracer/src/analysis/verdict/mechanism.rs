@@ -7,8 +7,32 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::Primary;
 use crate::analysis::neighbours::NeighbourKind;
+
+/// The cause the verdict names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Primary {
+    Scheduling,
+    CacheThrash,
+    GpuSaturation,
+    /// No significant jitter, and no impediment above its threshold.
+    None,
+    /// Jitter present, but not explained by what was measured.
+    Unexplained,
+}
+
+impl Primary {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scheduling => "scheduling",
+            Self::CacheThrash => "cache thrash",
+            Self::GpuSaturation => "GPU saturation",
+            Self::None => "no significant jitter",
+            Self::Unexplained => "unexplained",
+        }
+    }
+}
 
 /// The structured part is `mechanism_data` in the JSON (absent for mechanisms without data).
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]

@@ -5,6 +5,8 @@
 //! their reasons are in docs/ATTRIBUTION.md. Pure: the summary in, the verdict out.
 
 mod contention;
+mod evidence;
+mod gpu;
 mod impediments;
 pub mod mechanism;
 pub mod model;
@@ -13,7 +15,7 @@ mod requests;
 pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};
 
 use super::summary::Summary;
-use mechanism::{ClockCap, ClocksHeld};
+use evidence::ms;
 
 /// Causes below this share are left out of the ranking: too small to act on.
 pub const MIN_SHARE: f64 = 0.10;
@@ -194,143 +196,6 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
 /// migration stopper aside: those are throttling, slow wakeups and migrations).
 pub(crate) fn top_neighbour(s: &Summary) -> Option<&super::neighbours::Neighbour> {
     contention::top(s)
-}
-
-/// Whether the target's cgroup was throttled in the window.
-fn throttled(s: &Summary) -> bool {
-    s.cgroup
-        .as_ref()
-        .is_some_and(|c| c.throttled_periods > 0 || c.throttled_ns > 0)
-}
-
-fn throttle_evidence(s: &Summary) -> String {
-    let Some(c) = &s.cgroup else {
-        return String::new();
-    };
-    // The cgroup whose quota did it, which may be an ancestor of the target's.
-    let by = c.throttled_by.as_deref();
-    let quota = c
-        .limits
-        .iter()
-        .find(|l| Some(l.cgroup.as_str()) == by)
-        .map(|l| l.cpus)
-        .or_else(|| c.limits_cpus.iter().copied().reduce(f64::min))
-        .map_or(String::new(), |q| format!(", quota {q:.2} CPUs"));
-    let whose = match by {
-        Some(b) if !c.path.ends_with(b) => {
-            format!("cgroup {b} (an ancestor of the target's {})", c.path)
-        }
-        _ => format!("cgroup {}", c.path),
-    };
-    format!(
-        "{whose} throttled in {} of {} periods ({}){quota}",
-        c.throttled_periods,
-        c.periods,
-        ms(c.throttled_ns as f64)
-    )
-}
-
-/// Mean utilization of the GPUs the target uses (of all sampled ones if it uses none that NVML
-/// attributes to it).
-fn target_gpu_util(s: &Summary) -> Option<f64> {
-    let g = s.gpu.as_ref()?;
-    let used: Vec<f64> = g
-        .devices
-        .iter()
-        .filter(|d| d.used_by_target)
-        .filter_map(|d| d.util_gpu_pct)
-        .collect();
-    let all: Vec<f64> = g.devices.iter().filter_map(|d| d.util_gpu_pct).collect();
-    let v = if used.is_empty() { all } else { used };
-    v.into_iter().reduce(f64::max)
-}
-
-/// Why the GPU made the threads wait: other processes on it, a full GPU (its clocks perhaps
-/// held down by power or heat), device-wide synchronization waiting for other work of the same
-/// process, or longer GPU work. `device_sync`: the share of the tail's GPU waits spent in device-wide
-/// synchronization, when requests were decomposed.
-fn gpu_mechanism(s: &Summary, device_sync: Option<f64>) -> Mechanism {
-    let util = target_gpu_util(s);
-    let own = s.gpu.as_ref().and_then(|g| {
-        g.devices
-            .iter()
-            .filter(|d| d.used_by_target)
-            .filter_map(|d| d.target_sm_pct)
-            .reduce(f64::max)
-    });
-    let reasons = s.gpu.as_ref().map(|g| {
-        g.devices
-            .iter()
-            .flat_map(|d| d.clock_event_reasons.iter())
-            .filter(|r| r.share_of_polls >= 0.2)
-            .map(|r| r.reason)
-            .collect::<Vec<_>>()
-    });
-    let has = |names: &[&str]| {
-        reasons
-            .as_ref()
-            .is_some_and(|r| r.iter().any(|x| names.contains(x)))
-    };
-    if let (Some(u), Some(o)) = (util, own)
-        && u >= impediments::GPU_BUSY_PCT
-        && u - o >= OTHERS_GPU_MIN_PCT
-    {
-        return Mechanism::SmSaturationByOthers {
-            gpu_busy_pct: u,
-            own_sm_pct: o,
-        };
-    }
-    // A power or thermal cap only matters to a GPU that is working hard: the H200 we measured
-    // on reports its power-cap reason at 15 % utilization too, with its clocks at full speed.
-    let clocks = s.gpu.as_ref().and_then(|g| {
-        g.devices
-            .iter()
-            .find(|d| d.used_by_target)
-            .or(g.devices.first())
-    });
-    if let Some(u) = util
-        && u >= impediments::GPU_BUSY_PCT
-    {
-        let by = if has(&["sw_power_cap", "hw_power_brake_slowdown"]) {
-            Some(ClockCap::PowerCap)
-        } else if has(&["sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"]) {
-            Some(ClockCap::Thermal)
-        } else {
-            None
-        };
-        return Mechanism::SmSaturation {
-            gpu_busy_pct: u,
-            clocks_held: by.map(|by| ClocksHeld {
-                by,
-                sm_clock_mhz: clocks.and_then(|d| d.sm_clock_mhz),
-                sm_clock_mhz_min: clocks.and_then(|d| d.sm_clock_mhz_min),
-            }),
-        };
-    }
-    // Device-wide synchronization waits for all of the process's GPU work: on a GPU that is not
-    // full, a tail spent there is the request waiting for the process's other work.
-    if device_sync.is_some_and(|d| d >= 0.5) {
-        return Mechanism::SyncStalls { gpu_busy_pct: util };
-    }
-    Mechanism::LongerGpuWork { gpu_busy_pct: util }
-}
-
-/// The GPU counts as taken by other processes when its busy share exceeds the server's own
-/// kernels' share by this much (NVML's per-process SM utilization).
-pub const OTHERS_GPU_MIN_PCT: f64 = 20.0;
-
-/// "34%" followed by `what`.
-fn pct(share: f64, what: &str) -> String {
-    let p = crate::units::pct(share);
-    if what.is_empty() {
-        p
-    } else {
-        format!("{p} {what}")
-    }
-}
-
-fn ms(ns: f64) -> String {
-    crate::units::dur_f(ns)
 }
 
 fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed]) -> String {

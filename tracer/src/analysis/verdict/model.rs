@@ -3,32 +3,7 @@
 
 use serde::Serialize;
 
-pub use super::mechanism::Mechanism;
-
-/// The cause the verdict names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Primary {
-    Scheduling,
-    CacheThrash,
-    GpuSaturation,
-    /// No significant jitter, and no impediment above its threshold.
-    None,
-    /// Jitter present, but not explained by what was measured.
-    Unexplained,
-}
-
-impl Primary {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Scheduling => "scheduling",
-            Self::CacheThrash => "cache thrash",
-            Self::GpuSaturation => "GPU saturation",
-            Self::None => "no significant jitter",
-            Self::Unexplained => "unexplained",
-        }
-    }
-}
+pub use super::mechanism::{Mechanism, Primary};
 
 /// What the shares are shares of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]

@@ -1,6 +1,11 @@
 //! Causes from the requests: the tail's excess over the median requests, part by part.
 
-use super::{Cause, Mechanism, gpu_mechanism, ms, pct, throttle_evidence, throttled};
+use super::{
+    evidence::{ms, pct, throttle_evidence, throttled},
+    gpu::gpu_mechanism,
+    mechanism::Mechanism,
+    model::Cause,
+};
 use crate::analysis::{requests::RequestAnalysis, summary::Summary};
 
 /// Tail requests moved this many more times than median ones on average: their extra on-CPU
