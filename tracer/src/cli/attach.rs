@@ -5,8 +5,11 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use super::{RecordArgs, print_recording, runtime};
-use crate::{session::record, sources::process::Target};
+use super::{args::RecordArgs, emit::print_recording};
+use crate::{
+    session::{record, runtime},
+    sources::process::Target,
+};
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::OutputArgs;
+use super::args::OutputArgs;
 use crate::{
     analysis::{Report, analyze},
     recording::{Recording, requests::parse_latency_log},
@@ -20,35 +20,9 @@ use crate::{
 /// A latency log larger than this is refused: a million requests take about 70 MB.
 const MAX_LATENCY_LOG: u64 = 1 << 30;
 
-/// Checks, before anything is recorded, that a latency log can be read when the recording
-/// ends: a regular file (a FIFO would block the tool, a device could be endless), or for `run`
-/// one the command has yet to create, in a directory that exists.
-pub fn check_latency_log(path: &Path, may_not_exist: bool) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => std::fs::File::open(path)
-            .map(drop)
-            .with_context(|| format!("the latency log {} cannot be read", path.display())),
-        Ok(_) => bail!(
-            "the latency log {} is not a regular file: give the file the server writes its \
-             request latencies to",
-            path.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && may_not_exist => {
-            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-            match dir {
-                Some(d) if !d.is_dir() => {
-                    bail!("the latency log's directory {} does not exist", d.display())
-                }
-                _ => Ok(()),
-            }
-        }
-        Err(e) => Err(e).with_context(|| format!("the latency log {}", path.display())),
-    }
-}
-
 /// Reads the latency log into the recording's requests.
 pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
-    check_latency_log(path, false)?;
+    super::args::check_latency_log(path, false)?;
     let mut text = String::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_LATENCY_LOG + 1).read_to_string(&mut text))

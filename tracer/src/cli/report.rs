@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::{OutputArgs, print_recording};
+use super::{args::OutputArgs, emit::print_recording};
 use crate::trace::{reader, recover};
 
 #[derive(Debug, Args)]
@@ -28,7 +28,7 @@ pub struct ReportArgs {
 pub fn run(args: ReportArgs) -> Result<()> {
     args.outputs.check()?;
     if let Some(p) = &args.latencies {
-        super::emit::check_latency_log(p, false)?;
+        super::args::check_latency_log(p, false)?;
     }
     let contents = reader::read(&args.file)?;
     let damage = contents.damage.clone();

@@ -10,8 +10,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use super::{RecordArgs, print_recording, runtime};
-use crate::{error::TracerError, session::record, sources::process::Target};
+use super::{args::RecordArgs, emit::print_recording};
+use crate::{
+    error::TracerError,
+    session::{record, runtime},
+    sources::process::Target,
+};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {

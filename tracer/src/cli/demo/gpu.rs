@@ -11,10 +11,15 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{BASELINE, DemoArgs, Outcome, Reaped, Scenario, latency_stats, outcome};
+use super::{
+    common::{
+        BASELINE, DemoArgs, Outcome, Reaped, die_with_parent, latency_stats, outcome, read_log,
+    },
+    scenario::Scenario,
+};
 use crate::{
-    cli::{load_latencies, runtime},
-    session::record,
+    cli::emit::load_latencies,
+    session::{record, runtime},
     sources::{clock::monotonic_ns, process::Target},
 };
 
@@ -22,7 +27,7 @@ static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
 
 /// Starts the script in `mode` and waits for its "ready" line (CUDA initialized, kernels warm).
 fn start(script: &PathBuf, args: &[String]) -> Result<Reaped> {
-    let mut child = super::die_with_parent(Command::new("python3").arg(script).args(args))
+    let mut child = die_with_parent(Command::new("python3").arg(script).args(args))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -131,7 +136,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let mut server = server;
     let _ = server.0.wait();
     let loaded = load_latencies(&mut rec, &log);
-    let spans = super::read_log(&log).unwrap_or_default();
+    let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     loaded?;
     let baseline = latency_stats(&spans, ready + 500_000_000, baseline_end);

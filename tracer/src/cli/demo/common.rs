@@ -1,0 +1,200 @@
+//! What both scenario runners (`cpu.rs`, `gpu.rs`) share: the demo's arguments, its child
+//! processes (reaped, and dying with the demo), the server's latency, and the outcome: the
+//! recording analyzed once and its verdict set against the injected cause.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use serde::Serialize;
+
+use super::scenario::{self, Scenario};
+use crate::{
+    analysis::{Report, analyze},
+    cli::args::RecordArgs,
+    recording::{Recording, requests::RequestSpan},
+};
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The cause to inject.
+    #[arg(long, value_enum, default_value = "cpu-contention")]
+    pub scenario: Scenario,
+    /// How long to record once the disturbance is on.
+    #[arg(long, short, default_value = "5s", value_parser = crate::units::parse_duration)]
+    pub duration: Duration,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+/// How long the server runs undisturbed first, to measure its normal latency.
+pub const BASELINE: Duration = Duration::from_secs(2);
+
+/// Kills and reaps a child when dropped, so no demo process outlives the demo.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Makes a demo child die with the demo, even one that ends without unwinding (a signal after
+/// the window exits at once, signals.rs): the disturbances are CPU hogs.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
+pub fn spawn_self(args: &[String]) -> Result<Reaped> {
+    let exe = std::env::current_exe().context("locating the tracer binary")?;
+    let child = die_with_parent(Command::new(exe).args(args).stdin(Stdio::null()))
+        .spawn()
+        .with_context(|| format!("starting `tracer {}`", args.join(" ")))?;
+    Ok(Reaped(child))
+}
+
+#[derive(Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
+pub struct LatencyStats {
+    pub requests: usize,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+/// Latency quantiles of the requests that arrived in `[from, to)`.
+pub fn latency_stats(spans: &[RequestSpan], from: u64, to: u64) -> Option<LatencyStats> {
+    let mut lat: Vec<u64> = spans
+        .iter()
+        .filter(|s| s.start_ns >= from && s.start_ns < to)
+        .map(|s| s.wall_ns())
+        .collect();
+    if lat.is_empty() {
+        return None;
+    }
+    lat.sort_unstable();
+    let at = |q: f64| lat[((q * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1];
+    Some(LatencyStats {
+        requests: lat.len(),
+        p50_ns: at(0.50),
+        p99_ns: at(0.99),
+        max_ns: *lat.last().expect("non-empty"),
+    })
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct DemoPart {
+    pub scenario: Scenario,
+    /// What the injected cause must produce.
+    pub expected_primary: crate::analysis::verdict::Primary,
+    pub expected_mechanism: Option<&'static str>,
+    /// The verdict matched it.
+    pub correct: bool,
+    /// The server's own latency log, before the disturbance and during the recording.
+    pub latency_baseline: Option<LatencyStats>,
+    pub latency_recorded: Option<LatencyStats>,
+    /// A process the scenario did not start that the verdict named as the server's main
+    /// preemptor (a kernel thread doing reclaim, another tenant): the run measured a real
+    /// disturbance, but not the injected one, so it says nothing about the scenario's
+    /// accuracy. Scenario runners repeat such a run rather than score it.
+    pub interference: Option<Interference>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Interference {
+    pub pid: u32,
+    pub comm: String,
+    /// Its share of the server's run-queue waiting.
+    pub wait_share: f64,
+}
+
+/// What a scenario run produced, for printing.
+pub struct Outcome {
+    pub rec: Recording,
+    /// The recording analyzed once, for the verdict's check and the output.
+    pub report: Report,
+    pub part: DemoPart,
+}
+
+/// The verdict set against the scenario; `own`: the processes the scenario started.
+pub fn outcome(
+    scenario: Scenario,
+    rec: Recording,
+    own: &[u32],
+    latency_baseline: Option<LatencyStats>,
+    latency_recorded: Option<LatencyStats>,
+) -> Outcome {
+    let pmu = rec.capabilities.pmu.llc_available;
+    let report = analyze(&rec);
+    let verdict = &report.verdict;
+    let interference = (verdict.primary == crate::analysis::verdict::Primary::Scheduling)
+        .then(|| crate::analysis::verdict::top_neighbour(&report.summary))
+        .flatten()
+        .filter(|n| {
+            n.kind != crate::analysis::neighbours::NeighbourKind::Target
+                && !n.processes.iter().any(|p| own.contains(p))
+        })
+        .map(|n| Interference {
+            pid: n.processes.first().copied().unwrap_or(0),
+            comm: n.name.clone(),
+            wait_share: n.wait_share,
+        });
+    let (expected_primary, expected_mechanism) = scenario.expected(pmu);
+    Outcome {
+        part: DemoPart {
+            scenario,
+            expected_primary,
+            expected_mechanism,
+            correct: scenario::check(scenario, verdict, pmu),
+            latency_baseline,
+            latency_recorded,
+            interference,
+        },
+        rec,
+        report,
+    }
+}
+
+/// Reads the server's latency log (the format `--latencies` reads).
+pub fn read_log(path: &std::path::Path) -> Result<Vec<RequestSpan>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let set = crate::recording::requests::parse_latency_log(&text, 0, (0, u64::MAX))?;
+    Ok(set.spans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_quantiles_use_only_the_window() {
+        let spans: Vec<RequestSpan> = (0..100u64)
+            .map(|i| RequestSpan {
+                start_ns: i * 10,
+                end_ns: i * 10 + i + 1,
+                tid: 1,
+                id: None,
+            })
+            .collect();
+        let s = latency_stats(&spans, 0, 1000).unwrap();
+        assert_eq!(s.requests, 100);
+        assert_eq!(s.p50_ns, 50);
+        assert_eq!(s.p99_ns, 99);
+        assert_eq!(s.max_ns, 100);
+        let s = latency_stats(&spans, 500, 600).unwrap();
+        assert_eq!(s.requests, 10);
+        assert_eq!(s.max_ns, 60);
+        assert!(latency_stats(&spans, 5000, 6000).is_none());
+    }
+}

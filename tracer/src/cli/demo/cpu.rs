@@ -1,0 +1,226 @@
+//! The CPU scenarios: the built-in server (this binary, `tracer workload`) and the disturbance
+//! each scenario injects (`tracer disturb`, a cgroup quota, affinity changes), recorded and
+//! set against the cause.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+
+use super::common::{BASELINE, DemoArgs, Outcome, latency_stats, outcome, read_log, spawn_self};
+use super::scenario::Scenario;
+use crate::{
+    session::{record, runtime},
+    sources::{
+        clock::monotonic_ns,
+        ebpf::requests::{Marker, RequestMarkers},
+        process::Target,
+    },
+    workload::{limit::CpuLimit, server::set_affinity},
+};
+
+/// The cfs-throttle scenario's quota. The server needs about 0.33 CPU (300 requests/s x 1 ms,
+/// plus its dispatcher); a batch job in the same cgroup, on another CPU, takes whatever the
+/// server leaves, so the cgroup runs out of quota about 60 ms into every 100 ms period and
+/// its threads, the server's included, wait out the rest. The server keeps up on average (it
+/// gets more than it needs), so the latency tail is the throttling, not a growing backlog.
+const THROTTLE_CPUS: f64 = 0.8;
+
+/// Twice the L2 of `cpu`, within [256 KiB, half its LLC].
+fn cache_thrash_working_set(cpu: u32) -> usize {
+    use crate::sources::topology::cache_size;
+    let l2 = cache_size(cpu, 2).unwrap_or(512 << 10);
+    let llc = cache_size(cpu, 3).unwrap_or(8 << 20);
+    (2 * l2).clamp(256 << 10, (llc / 2).max(256 << 10))
+}
+
+/// The CPUs the server runs on, and the others (for the tracer itself and the migrations).
+fn cpu_plan() -> (usize, Vec<usize>) {
+    let online = aya::util::online_cpus().unwrap_or_default();
+    let mut cpus: Vec<usize> = online.iter().map(|&c| c as usize).collect();
+    if cpus.is_empty() {
+        cpus.push(0);
+    }
+    let server = cpus[0];
+    (server, cpus[1..].to_vec())
+}
+
+pub fn run(args: &DemoArgs) -> Result<Outcome> {
+    let say = |msg: String| {
+        if !args.record.quiet {
+            eprintln!("demo: {msg}");
+        }
+    };
+    let (cpu, others) = cpu_plan();
+    if matches!(
+        args.scenario,
+        Scenario::MigrationStorm | Scenario::CfsThrottle
+    ) && others.is_empty()
+    {
+        anyhow::bail!(
+            "the {} scenario needs at least two online CPUs",
+            args.scenario.name()
+        );
+    }
+    // Keep the tracer off the server's CPU: only the injected cause should be there.
+    if !others.is_empty() {
+        set_affinity(0, &others)?;
+    }
+    let log: PathBuf =
+        std::env::temp_dir().join(format!("tracer-demo-{}.jsonl", std::process::id()));
+    let total = BASELINE + args.duration + Duration::from_secs(1);
+    // Cache thrash hurts only work that keeps data in the shared cache: in that scenario each
+    // request walks a working set of its own, twice the private L2 (so it lives in the LLC)
+    // and at most half the LLC, at a rate that leaves room for slower, cold-cache requests.
+    // Under contention the worker gets a third of its CPU (two hogs beside it), so the rate
+    // there leaves it keeping up on average: the tail is then the waiting, not a backlog.
+    let (working_set, rate) = match args.scenario {
+        Scenario::CacheThrash => (cache_thrash_working_set(cpu as u32) >> 10, 200),
+        Scenario::CpuContention => (0, 200),
+        _ => (0, 300),
+    };
+    let started = monotonic_ns();
+    let server = spawn_self(&[
+        "workload".into(),
+        // One worker per CPU, as thread-per-core servers run: two on one CPU would make the
+        // server its own contention.
+        "--workers=1".into(),
+        format!("--rate={rate}"),
+        "--work-us=1000".into(),
+        format!("--working-set-kib={working_set}"),
+        format!("--cpus={cpu}"),
+        format!("--duration={}ms", total.as_millis()),
+        format!("--latency-log={}", log.display()),
+    ])?;
+    let pid = server.0.id();
+    say(format!(
+        "scenario {}: a synthetic inference server (PID {pid}) on CPU {cpu}: a dispatcher and \
+         a worker, {rate} requests/s, 1 ms of work each{}",
+        args.scenario.name(),
+        if working_set > 0 {
+            format!(" over a {working_set} KiB working set")
+        } else {
+            String::new()
+        }
+    ));
+    let limit = if args.scenario == Scenario::CfsThrottle {
+        Some(CpuLimit::create(pid)?)
+    } else {
+        None
+    };
+    std::thread::sleep(BASELINE);
+    let baseline_end = monotonic_ns();
+    let disturb_for = format!(
+        "--duration={}ms",
+        (args.duration + Duration::from_secs(1)).as_millis()
+    );
+    let _disturbance = match args.scenario {
+        Scenario::Quiet => {
+            say("nothing injected".into());
+            None
+        }
+        Scenario::CpuContention => {
+            say(format!("injected: two CPU hogs on CPU {cpu}"));
+            Some(spawn_self(&[
+                "disturb".into(),
+                "spin".into(),
+                "--threads=2".into(),
+                format!("--cpus={cpu}"),
+                disturb_for,
+            ])?)
+        }
+        Scenario::CfsThrottle => {
+            let l = limit.as_ref().expect("created above");
+            let batch = spawn_self(&[
+                "disturb".into(),
+                "spin".into(),
+                "--threads=1".into(),
+                format!("--cpus={}", others[0]),
+                disturb_for,
+            ])?;
+            l.add(batch.0.id())?;
+            l.set(THROTTLE_CPUS)?;
+            say(format!(
+                "injected: a CPU quota of {THROTTLE_CPUS} CPUs on the server's cgroup {}, shared \
+                 with a batch job on CPU {}",
+                l.path().display(),
+                others[0]
+            ));
+            Some(batch)
+        }
+        Scenario::MigrationStorm => {
+            let to = others[0];
+            say(format!(
+                "injected: the server's threads moved between CPUs {cpu} and {to} every ~2 ms"
+            ));
+            Some(spawn_self(&[
+                "disturb".into(),
+                "migrate".into(),
+                format!("--pid={pid}"),
+                format!("--cpus={cpu},{to}"),
+                "--every=2ms".into(),
+                disturb_for,
+            ])?)
+        }
+        Scenario::CacheThrash => {
+            // On other CPUs that share the server's LLC but not its CPU: cache thrash without
+            // contention (at idle priority the scheduler still gives it slices on a shared
+            // CPU). Up to four, so that a large LLC is refilled between two requests.
+            use crate::sources::topology::{cache_size, read};
+            let llc = read(&[cpu as u32]).first().map(|p| p.llc);
+            let mut at: Vec<usize> = others
+                .iter()
+                .copied()
+                .filter(|&o| read(&[o as u32]).first().map(|p| p.llc) == llc)
+                .take(4)
+                .collect();
+            if at.is_empty() {
+                at.push(others.first().copied().unwrap_or(cpu));
+            }
+            // Larger than the LLC, or it is not thrash: 256 MiB fits in some servers' L3.
+            let mib = ((2 * cache_size(cpu as u32, 3).unwrap_or(0)) >> 20).max(256);
+            let list = at
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            say(format!(
+                "injected: neighbours streaming {mib} MiB on CPUs {list}"
+            ));
+            Some(spawn_self(&[
+                "disturb".into(),
+                "stream".into(),
+                format!("--mib={mib}"),
+                format!("--cpus={list}"),
+                disturb_for,
+            ])?)
+        }
+        Scenario::GpuSaturation | Scenario::GpuSyncStall => {
+            unreachable!("GPU scenarios run in gpu.rs")
+        }
+    };
+    let target = Target::resolve(pid)?;
+    let mut opts = args.record.session_options(Some(args.duration));
+    let exe = std::env::current_exe()?.display().to_string();
+    let marker = |symbol: &str| Marker {
+        binary: exe.clone(),
+        symbol: symbol.into(),
+    };
+    opts.probes.markers = Some(RequestMarkers {
+        start: marker("tracer_request_start"),
+        end: marker("tracer_request_end"),
+        id_arg: Some(0),
+    });
+    opts.keep_timeline = true;
+    let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let own = [pid, _disturbance.as_ref().map_or(0, |d| d.0.id())];
+    drop(_disturbance);
+    let mut server = server;
+    let _ = server.0.wait();
+    drop(limit);
+    let spans = read_log(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    // Skip the first half second: thread start-up is not the server's steady state.
+    let baseline = latency_stats(&spans, started + 500_000_000, baseline_end);
+    let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
+    Ok(outcome(args.scenario, rec, &own, baseline, recorded))
+}
