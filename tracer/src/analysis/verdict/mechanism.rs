@@ -384,4 +384,72 @@ mod tests {
         assert_eq!(m.advice(), format!("{OTHERS} {OWN}"));
         assert_eq!(m.cause(), Primary::Scheduling);
     }
+
+    #[test]
+    fn the_gpu_texts_are_the_ones_the_json_always_had() {
+        let held = |by, mean, min| {
+            Some(ClocksHeld {
+                by,
+                sm_clock_mhz: mean,
+                sm_clock_mhz_min: min,
+            })
+        };
+        let cases = [
+            (
+                Mechanism::SmSaturationByOthers {
+                    gpu_busy_pct: 97.4,
+                    own_sm_pct: 12.6,
+                },
+                "SM saturation by other processes (GPU 97% busy, 13% of it the server's kernels)",
+            ),
+            (
+                Mechanism::SmSaturation {
+                    gpu_busy_pct: 99.0,
+                    clocks_held: held(ClockCap::PowerCap, Some(1402.4), Some(1100)),
+                },
+                "SM saturation (GPU 99% busy; SM clock held down by the power cap: 1402 MHz mean, \
+                 1100 MHz min)",
+            ),
+            (
+                Mechanism::SmSaturation {
+                    gpu_busy_pct: 99.0,
+                    clocks_held: held(ClockCap::Thermal, None, None),
+                },
+                "SM saturation (GPU 99% busy; clocks held down by thermal slowdown)",
+            ),
+            (
+                Mechanism::SmSaturation {
+                    gpu_busy_pct: 90.0,
+                    clocks_held: None,
+                },
+                "SM saturation (GPU 90% busy)",
+            ),
+            (
+                Mechanism::SyncStalls {
+                    gpu_busy_pct: Some(40.0),
+                },
+                "synchronization stalls: device-wide synchronize waits for all the process's \
+                 queued GPU work (GPU 40% busy)",
+            ),
+            (
+                Mechanism::SyncStalls { gpu_busy_pct: None },
+                "synchronization stalls: device-wide synchronize waits for all the process's \
+                 queued GPU work",
+            ),
+            (
+                Mechanism::LongerGpuWork {
+                    gpu_busy_pct: Some(30.0),
+                },
+                "longer GPU work per request (GPU 30% busy)",
+            ),
+            (
+                Mechanism::LongerGpuWork { gpu_busy_pct: None },
+                "longer waits for the GPU (GPU not sampled)",
+            ),
+        ];
+        for (m, text) in cases {
+            assert_eq!(m.to_string(), text);
+            assert_eq!(m.cause(), Primary::GpuSaturation);
+        }
+    }
 }
