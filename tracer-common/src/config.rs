@@ -82,6 +82,9 @@ pub struct Config {
     /// Classic sched_process_exec record: `pid`, `old_pid`.
     pub exec_pid_off: u32,
     pub exec_old_pid_off: u32,
+    /// 1: a process a member forks joins the target set at its fork (`TARGETS`), so a service's
+    /// whole tree is traced; 0: it is only noted as an untraced child (`CHILDREN`).
+    pub follow_children: u32,
 }
 
 impl Config {
@@ -130,6 +133,7 @@ impl Config {
             task_nivcsw_off: 0,
             exec_pid_off: 0,
             exec_old_pid_off: 0,
+            follow_children: 0,
         }
     }
 }

@@ -197,6 +197,12 @@ pub struct Preemptor {
 /// Processes the target started (and theirs), which its TGID filter does not trace.
 pub const MAX_CHILDREN: u32 = 4096;
 
+/// One more than the highest PID a kernel gives (`PID_MAX_LIMIT`, include/linux/threads.h: 4M
+/// on 64-bit; /proc/sys/kernel/pid_max cannot be set higher): the target set has a bit for each.
+pub const PID_LIMIT: u32 = 4 << 20;
+/// Words of the target set's bitmap (`TARGETS`): 512 KiB.
+pub const TARGET_WORDS: u32 = PID_LIMIT / 64;
+
 /// A process forked by the target or by one of its descendants during the recording.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    maps::{TARGET_TIDS, config},
+    maps::{TARGET_TIDS, config, is_member},
     sched::{self, Comm, Switch},
 };
 
@@ -25,15 +25,22 @@ fn read_u32(ctx: &TracePointContext, off: u32) -> u32 {
     unsafe { ctx.read_at::<u32>(off as usize) }.unwrap_or(0)
 }
 
+/// The process of the member thread `tid` (`TARGET_TIDS` maps each to its TGID: the classic
+/// records name only the thread).
 #[inline(always)]
-fn is_target_tid(tid: u32) -> bool {
-    tid != 0 && TARGET_TIDS.get_ptr(tid).is_some()
+fn target_tgid_of(tid: u32) -> Option<u32> {
+    if tid == 0 {
+        return None;
+    }
+    TARGET_TIDS.get_ptr(tid).map(|t| unsafe { *t })
 }
 
+/// `current`'s TID and TGID, when it is a member's thread.
 #[inline(always)]
-fn current_is_target() -> Option<u32> {
+fn current_is_target() -> Option<(u32, u32)> {
     let cur = bpf_get_current_pid_tgid();
-    ((cur >> 32) as u32 == config!(target_tgid)).then_some(cur as u32)
+    let tgid = (cur >> 32) as u32;
+    is_member(tgid).then_some((cur as u32, tgid))
 }
 
 #[inline(always)]
@@ -46,12 +53,13 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
     let prev = bpf_get_current_pid_tgid();
     let prev_tgid = (prev >> 32) as u32;
     let next_pid = read_u32(&ctx, config!(switch_next_pid_off));
+    let next = target_tgid_of(next_pid);
     let raw_state = if config!(switch_prev_state_size) == 8 {
         unsafe { ctx.read_at::<u64>(config!(switch_prev_state_off) as usize) }.unwrap_or(0)
     } else {
         read_u32(&ctx, config!(switch_prev_state_off)) as u64
     };
-    let prev_target = prev_tgid == config!(target_tgid);
+    let prev_target = is_member(prev_tgid);
     let sw = Switch {
         preempt: raw_state & TASK_REPORT_MAX != 0,
         prev_state: raw_state & (TASK_REPORT_MAX - 1),
@@ -59,7 +67,8 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
         prev_tgid,
         prev_target,
         next_pid,
-        next_target: is_target_tid(next_pid),
+        next_tgid: next.unwrap_or(0),
+        next_target: next.is_some(),
         next_comm: field(&ctx, config!(switch_next_comm_off)),
         // The classic record carries no task: the kernel's own counters cannot be read.
         next_task: core::ptr::null(),
@@ -83,12 +92,13 @@ fn is_dead(tid: u32) -> bool {
 #[inline(always)]
 fn wakeup(ctx: &TracePointContext, new: bool) {
     let tid = read_u32(ctx, config!(wakeup_pid_off));
-    if !is_target_tid(tid) {
+    let Some(tgid) = target_tgid_of(tid) else {
         return;
-    }
+    };
     let cpu = read_u32(ctx, config!(wakeup_cpu_off));
     sched::on_wakeup(
         tid,
+        tgid,
         cpu,
         new,
         field(ctx, config!(wakeup_comm_off)),
@@ -112,13 +122,13 @@ pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "sched", name = "sched_migrate_task")]
 pub fn sched_migrate_task_tp(ctx: TracePointContext) -> u32 {
     let tid = read_u32(&ctx, config!(migrate_pid_off));
-    if !is_target_tid(tid) {
+    let Some(tgid) = target_tgid_of(tid) else {
         return 0;
-    }
+    };
     let from = read_u32(&ctx, config!(migrate_orig_cpu_off));
     let to = read_u32(&ctx, config!(migrate_dest_cpu_off));
     // The record's comm is a __data_loc string; the name is filled in later from other events.
-    sched::on_migrate(tid, from, to, Comm::At(core::ptr::null()));
+    sched::on_migrate(tid, tgid, from, to, Comm::At(core::ptr::null()));
     0
 }
 
@@ -129,17 +139,22 @@ pub fn task_newtask_tp(ctx: TracePointContext) -> u32 {
     let flags = unsafe { ctx.read_at::<u64>(config!(newtask_flags_off) as usize) }.unwrap_or(0);
     if flags & CLONE_THREAD == 0 {
         // A new process: the target's child, or a descendant's?
+        let cur = bpf_get_current_pid_tgid();
         let tid = read_u32(&ctx, config!(newtask_pid_off));
-        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
-        sched::on_process_fork(tid, parent, field(&ctx, config!(newtask_comm_off)));
+        let comm = field(&ctx, config!(newtask_comm_off));
+        if sched::on_process_fork(tid, (cur >> 32) as u32, comm) {
+            // A new process's first thread: its TID is its TGID.
+            let _ = TARGET_TIDS.insert(tid, tid, 0);
+            sched::on_thread_new(tid, tid, cur as u32, comm);
+        }
         return 0;
     }
-    let Some(parent) = current_is_target() else {
+    let Some((parent, tgid)) = current_is_target() else {
         return 0;
     };
     let tid = read_u32(&ctx, config!(newtask_pid_off));
-    let _ = TARGET_TIDS.insert(tid, 1, 0);
-    sched::on_thread_new(tid, parent, field(&ctx, config!(newtask_comm_off)));
+    let _ = TARGET_TIDS.insert(tid, tgid, 0);
+    sched::on_thread_new(tid, tgid, parent, field(&ctx, config!(newtask_comm_off)));
     0
 }
 
@@ -147,23 +162,23 @@ pub fn task_newtask_tp(ctx: TracePointContext) -> u32 {
 /// when it was not the main thread).
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn sched_process_exec_tp(ctx: TracePointContext) -> u32 {
-    let Some(tid) = current_is_target() else {
+    let Some((tid, tgid)) = current_is_target() else {
         return 0;
     };
     let old = read_u32(&ctx, config!(exec_old_pid_off));
     if old != tid {
         // The old TID is gone; the main one is this thread now.
         let _ = TARGET_TIDS.remove(old);
-        let _ = TARGET_TIDS.insert(tid, 1, 0);
+        let _ = TARGET_TIDS.insert(tid, tgid, 0);
     }
-    sched::on_exec(tid, old, core::ptr::null());
+    sched::on_exec(tid, tgid, old, core::ptr::null());
     0
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn sched_process_exit_tp(_ctx: TracePointContext) -> u32 {
-    if let Some(tid) = current_is_target() {
-        sched::on_thread_exit(tid);
+    if let Some((tid, tgid)) = current_is_target() {
+        sched::on_thread_exit(tid, tgid);
     }
     0
 }

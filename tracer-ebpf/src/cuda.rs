@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use tracer_common::{CudaFn, CudaThread, Event, EventKind};
 
-use crate::maps::{CUDA_THREADS, config, emit};
+use crate::maps::{CUDA_THREADS, emit, is_member};
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -21,7 +21,7 @@ const BPF_NOEXIST: u64 = 1;
 #[inline(always)]
 fn target_tid() -> Option<u32> {
     let id = bpf_get_current_pid_tgid();
-    ((id >> 32) as u32 == config!(target_tgid)).then_some(id as u32)
+    is_member((id >> 32) as u32).then_some(id as u32)
 }
 
 #[inline(always)]

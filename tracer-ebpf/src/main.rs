@@ -7,6 +7,10 @@
 // or `cargo clippy`) it compiles to an empty program, as in aya-template.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// `atomic_xadd` for the target set (`maps::set_member`): core's atomic types have no RMW
+// methods on this target.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 mod classic;

@@ -8,7 +8,8 @@ use aya_ebpf::{
 use tracer_common::{
     BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, ChildProcess, Config, Counter, CpuWait,
     CudaThread, Event, MAX_CHILDREN, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS,
-    MigrationKey, Preemptor, THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters, ThreadStats,
+    MigrationKey, Preemptor, TARGET_WORDS, THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters,
+    ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -44,6 +45,45 @@ pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(MAX_TH
 /// the 512-byte eBPF stack next to everything else.
 #[map]
 pub static THREAD_TEMPLATE: PerCpuArray<ThreadStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// The target set, by TGID: bit `tgid % 64` of word `tgid / 64`. Every scheduler event asks it
+/// about one or two tasks, most of them not traced: an array, whose lookup the verifier turns
+/// into a few inline instructions, not a hash map (two calls, about 60 ns here). Userspace sets
+/// the bits before attaching.
+#[map]
+pub static TARGETS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+
+/// Puts the process `tgid` in the target set, or takes it out. Only its own fork (or a fork
+/// that reuses its TGID) changes its bit, so adding the bit when it is clear, or subtracting it
+/// when it is set, is exact; the add is atomic (`BPF_XADD`, which every kernel has, unlike the
+/// atomic OR of Linux 5.12), so a bit that another CPU sets in the same word is never lost.
+#[inline(always)]
+pub fn set_member(tgid: u32, member: bool) {
+    let Some(w) = TARGETS.get_ptr_mut(tgid >> 6) else {
+        return;
+    };
+    let bit = 1u64 << (tgid & 63);
+    let is = unsafe { *w } & bit != 0;
+    if is != member {
+        let delta = if member { bit } else { bit.wrapping_neg() };
+        // SAFETY: `w` points into the map's value, which lives as long as the program. The
+        // result is not used, so this is the plain atomic add every kernel's verifier takes.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                w, delta,
+            );
+        }
+    }
+}
+
+/// Whether the process `tgid` is traced (never the idle task: its bit is never set).
+#[inline(always)]
+pub fn is_member(tgid: u32) -> bool {
+    match TARGETS.get(tgid >> 6) {
+        Some(w) => *w & (1u64 << (tgid & 63)) != 0,
+        None => false,
+    }
+}
 
 /// Who ran while target threads waited for a CPU, keyed by TID.
 #[map]

@@ -16,12 +16,12 @@ use aya_ebpf::{
 };
 use tracer_common::{Event, EventKind, REQUEST_START_COOKIE};
 
-use crate::maps::{config, emit};
+use crate::maps::{config, emit, is_member};
 
 #[uprobe]
 pub fn request_marker(ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    if (id >> 32) as u32 != config!(target_tgid) {
+    if !is_member((id >> 32) as u32) {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };

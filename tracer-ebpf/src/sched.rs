@@ -369,14 +369,24 @@ fn current_parent() -> u32 {
         .unwrap_or(0)
 }
 
-/// A fork that made a new process (`child`, its TGID) of `parent`: kept when the parent is the
-/// target or a process it forked. The programs filter on the target's TGID, so these are not
-/// traced; the summary says so, and names them, and their preemption of the target as its
-/// own children's.
+/// A fork that made a new process (`child`, its TGID) of `parent`, kept when the parent is a
+/// member of the target set or a process one forked. Following children, the child joins the
+/// set here, before it first runs, and its first thread is the target's from its birth:
+/// returns true, and the caller records that thread. Otherwise it is only noted: the summary
+/// names it, and its preemption of the target as its own children's.
 #[inline(always)]
-pub fn on_process_fork(child: u32, parent: u32, comm: Comm) {
-    if parent != config!(target_tgid) && CHILDREN.get_ptr(parent).is_none() {
-        return;
+pub fn on_process_fork(child: u32, parent: u32, comm: Comm) -> bool {
+    let member = crate::maps::is_member(parent);
+    if !member && crate::maps::is_member(child) {
+        // A TGID a member had, reused by a process outside the set after the member exited.
+        crate::maps::set_member(child, false);
+    }
+    if !member && CHILDREN.get_ptr(parent).is_none() {
+        return false;
+    }
+    let joins = member && config!(follow_children) != 0;
+    if joins {
+        crate::maps::set_member(child, true);
     }
     let mut c = ChildProcess {
         parent,
@@ -386,6 +396,7 @@ pub fn on_process_fork(child: u32, parent: u32, comm: Comm) {
     };
     read_comm(&mut c.comm, comm);
     let _ = CHILDREN.insert(child, c, BPF_NOEXIST);
+    joins
 }
 
 #[inline(always)]
@@ -409,6 +420,8 @@ pub struct Switch {
     pub prev_tgid: u32,
     pub prev_target: bool,
     pub next_pid: u32,
+    /// Its process, when it is a member (0 otherwise).
+    pub next_tgid: u32,
     pub next_target: bool,
     pub next_comm: Comm,
     /// The task switching in, for its own counters (tp_btf); null for classic tracepoints,
@@ -433,9 +446,8 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let tgid = config!(target_tgid);
     let mut prev = if sw.prev_target {
-        thread(sw.prev_pid, tgid, Comm::Current)
+        thread(sw.prev_pid, sw.prev_tgid, Comm::Current)
     } else {
         None
     };
@@ -458,7 +470,7 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
         switch_out(t, cpu, now, sw, &mut out);
     }
     if sw.next_target
-        && let Some(t) = thread(sw.next_pid, tgid, sw.next_comm)
+        && let Some(t) = thread(sw.next_pid, sw.next_tgid, sw.next_comm)
     {
         switch_in(t, cpu, now, sw, &mut out);
     }
@@ -621,6 +633,7 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
 #[inline(always)]
 pub fn on_wakeup(
     tid: u32,
+    tgid: u32,
     cpu: u32,
     new: bool,
     comm: Comm,
@@ -628,7 +641,7 @@ pub fn on_wakeup(
     clock: impl FnOnce() -> u64,
 ) {
     let counts = counts_of(task);
-    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+    let Some(t) = thread(tid, tgid, comm) else {
         return;
     };
     // A wakeup of a task that is already runnable (it was woken before it managed to block)
@@ -674,11 +687,11 @@ pub fn on_wakeup(
 
 /// `set_task_cpu` on a target thread.
 #[inline(always)]
-pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
+pub fn on_migrate(tid: u32, tgid: u32, from: u32, to: u32, comm: Comm) {
     if from == to {
         return;
     }
-    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+    let Some(t) = thread(tid, tgid, comm) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -714,10 +727,11 @@ pub fn on_migrate(tid: u32, from: u32, to: u32, comm: Comm) {
     }
 }
 
-/// A new thread of the target, created by `parent`.
+/// A new thread of the member `tgid`, created by `parent` (a thread of its own process, or of
+/// the member that forked it).
 #[inline(always)]
-pub fn on_thread_new(tid: u32, parent: u32, comm: Comm) {
-    let Some(t) = thread(tid, config!(target_tgid), comm) else {
+pub fn on_thread_new(tid: u32, tgid: u32, parent: u32, comm: Comm) {
+    let Some(t) = thread(tid, tgid, comm) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -738,10 +752,9 @@ pub fn on_thread_new(tid: u32, parent: u32, comm: Comm) {
 /// running. Without this the old TID stayed "running" to the end of the window and the main
 /// thread, alive, showed as exited.
 #[inline(always)]
-pub fn on_exec(tid: u32, old_tid: u32, task: *const u8) {
+pub fn on_exec(tid: u32, tgid: u32, old_tid: u32, task: *const u8) {
     let counts = counts_of(task);
     let now = unsafe { bpf_ktime_get_ns() };
-    let tgid = config!(target_tgid);
     if old_tid != tid
         && let Some(t) = thread(old_tid, tgid, Comm::Current)
     {
@@ -772,8 +785,8 @@ pub fn on_exec(tid: u32, old_tid: u32, task: *const u8) {
 
 /// The target thread `tid`, which is `current`, exits.
 #[inline(always)]
-pub fn on_thread_exit(tid: u32) {
-    let Some(t) = thread(tid, config!(target_tgid), Comm::Current) else {
+pub fn on_thread_exit(tid: u32, tgid: u32) {
+    let Some(t) = thread(tid, tgid, Comm::Current) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };

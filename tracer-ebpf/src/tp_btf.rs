@@ -48,7 +48,7 @@ fn comm_of(task: *const u8) -> Comm {
 
 #[inline(always)]
 fn is_target(tgid: u32) -> bool {
-    tgid == config!(target_tgid)
+    crate::maps::is_member(tgid)
 }
 
 /// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -70,6 +70,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
         prev_tgid,
         prev_target,
         next_pid: 0,
+        next_tgid: 0,
         next_target,
         next_comm: comm_of(next),
         next_task: next,
@@ -77,6 +78,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let sw = if next_target {
         Switch {
             next_pid: pid_of(next),
+            next_tgid,
             ..sw
         }
     } else {
@@ -94,7 +96,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     }
     // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
     let cpu = read_u32(p, config!(task_cpu_off));
-    sched::on_wakeup(pid_of(p), cpu, new, comm_of(p), p, || {
+    sched::on_wakeup(pid_of(p), tgid_of(p), cpu, new, comm_of(p), p, || {
         if config!(wakeup_rq_clock) == 0 {
             return unsafe { bpf_ktime_get_ns() };
         }
@@ -132,7 +134,7 @@ pub fn sched_migrate_task_btf(ctx: BtfTracePointContext) -> i32 {
     }
     let from = read_u32(p, config!(task_cpu_off));
     let to = ctx.arg::<u64>(1) as u32;
-    sched::on_migrate(pid_of(p), from, to, comm_of(p));
+    sched::on_migrate(pid_of(p), tgid_of(p), from, to, comm_of(p));
     0
 }
 
@@ -144,10 +146,12 @@ pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
     let child_tgid = tgid_of(child);
     let parent: *const u8 = ctx.arg(0);
     if is_target(child_tgid) {
-        sched::on_thread_new(pid_of(child), pid_of(parent), comm_of(child));
-    } else if pid_of(child) == child_tgid {
-        // A new process: the target's child, or a descendant's?
-        sched::on_process_fork(child_tgid, tgid_of(parent), comm_of(child));
+        sched::on_thread_new(pid_of(child), child_tgid, pid_of(parent), comm_of(child));
+    } else if pid_of(child) == child_tgid
+        // A new process: the target's child, or a descendant's? Followed, it is a member now.
+        && sched::on_process_fork(child_tgid, tgid_of(parent), comm_of(child))
+    {
+        sched::on_thread_new(child_tgid, child_tgid, pid_of(parent), comm_of(child));
     }
     0
 }
@@ -161,7 +165,7 @@ pub fn sched_process_exec_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let old = ctx.arg::<u64>(1) as u32;
-    sched::on_exec(pid_of(p), old, p);
+    sched::on_exec(pid_of(p), tgid_of(p), old, p);
     0
 }
 
@@ -170,7 +174,7 @@ pub fn sched_process_exec_btf(ctx: BtfTracePointContext) -> i32 {
 pub fn sched_process_exit_btf(_ctx: BtfTracePointContext) -> i32 {
     let cur = bpf_get_current_pid_tgid();
     if is_target((cur >> 32) as u32) {
-        sched::on_thread_exit(cur as u32);
+        sched::on_thread_exit(cur as u32, (cur >> 32) as u32);
     }
     0
 }

@@ -154,7 +154,13 @@ pub async fn record(
     }
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
-    probes.attach(|| target.threads().into_keys().collect())?;
+    probes.attach(|| {
+        target
+            .threads()
+            .into_keys()
+            .map(|tid| (tid, target.pid))
+            .collect()
+    })?;
     // The threads' own counts, as near the window's start as can be: the self-check
     // compares the recording with what they add up to over the window.
     let (counts_start, left_out) = target.thread_counts(SELF_CHECK_THREADS);

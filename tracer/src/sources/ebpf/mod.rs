@@ -164,6 +164,23 @@ fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -> TracerErr
     load_error(detail)
 }
 
+/// Puts processes in the kernel side's target set (`TARGETS`, a bit per TGID), before anything
+/// is attached: from then on every program treats their threads as the target's.
+fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
+    let mut set: aya::maps::Array<_, u64> =
+        aya::maps::Array::try_from(ebpf.map_mut("TARGETS").context("TARGETS map")?)?;
+    for &tgid in tgids {
+        anyhow::ensure!(
+            tgid < tracer_common::PID_LIMIT,
+            "PID {tgid} is beyond the kernel's PID limit"
+        );
+        let word = set.get(&(tgid >> 6), 0).context("reading the target set")?;
+        set.set(tgid >> 6, word | 1u64 << (tgid & 63), 0)
+            .context("writing the target set")?;
+    }
+    Ok(())
+}
+
 impl SchedProbes {
     /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
     /// each of its context switches: every program through the verifier, nothing attached yet
@@ -248,6 +265,7 @@ impl SchedProbes {
             .load(OBJECT)
             .map_err(|e| load_error_of("", &e))?;
         let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
+        add_targets(&mut ebpf, &[target_tgid])?;
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
         let btf_capability = match &btf {
@@ -298,7 +316,7 @@ impl SchedProbes {
 
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
     /// need them; tp_btf filters on the TGID alone).
-    pub fn attach(&mut self, threads: impl Fn() -> Vec<u32>) -> Result<()> {
+    pub fn attach(&mut self, threads: impl Fn() -> Vec<(u32, u32)>) -> Result<()> {
         match self.mode {
             ProbeMode::TpBtf => {
                 for (name, _) in BTF_PROGRAMS {
@@ -321,8 +339,9 @@ impl SchedProbes {
                                 .map_mut("TARGET_TIDS")
                                 .context("TARGET_TIDS map")?,
                         )?;
-                        for tid in threads() {
-                            tids.insert(tid, 1, 0)?;
+                        // Each thread with its process: the classic records name only threads.
+                        for (tid, tgid) in threads() {
+                            tids.insert(tid, tgid, 0)?;
                         }
                     }
                     let prog: &mut TracePoint = self
