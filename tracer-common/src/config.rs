@@ -7,8 +7,6 @@ use crate::{BATCH_BYTES, NO_REQUEST_ID};
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// The TGID (process ID) whose threads are traced.
-    pub target_tgid: u32,
     /// Wake the reader once this many bytes wait in the ring buffer (it also drains on a timer).
     pub ring_wakeup_bytes: u32,
     /// Bit k set: perf counter slot k is open on every CPU (in that slot's per-CPU array).
@@ -90,7 +88,6 @@ pub struct Config {
 impl Config {
     pub const fn zeroed() -> Self {
         Self {
-            target_tgid: 0,
             ring_wakeup_bytes: 0,
             counter_mask: 0,
             request_id_arg: NO_REQUEST_ID,

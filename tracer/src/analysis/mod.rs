@@ -5,6 +5,7 @@ pub mod counters;
 pub mod gpu;
 pub mod neighbours;
 pub mod preemptors;
+pub mod processes;
 pub mod quantiles;
 pub mod report;
 pub mod requests;

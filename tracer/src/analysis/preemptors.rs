@@ -16,7 +16,7 @@ pub struct PreemptorSummary {
     pub slices: u64,
     /// Share of all attributed waiting.
     pub wait_share: f64,
-    /// The preemptor is one of the target's own threads.
+    /// The preemptor is a thread of the target set: the service itself.
     pub same_process: bool,
 }
 
@@ -95,7 +95,7 @@ pub fn summarize(rec: &Recording) -> (Vec<PreemptorSummary>, Vec<PreemptorProces
             } else {
                 0.0
             },
-            same_process: p.tgid == rec.target.pid,
+            same_process: rec.is_member(p.tgid),
         })
         .collect();
     preemptors.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.pid.cmp(&b.pid)));

@@ -21,7 +21,7 @@ use crate::recording::{
 };
 
 /// Version of the JSON document's shape; bumped on any incompatible change.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The first five fields are written by `Report`, with the verdict after them.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -68,6 +68,9 @@ pub struct Summary {
     /// The target cgroup's CPU bandwidth throttling; null when its cpu.stat was not found.
     pub cgroup: Option<super::cgroup::CgroupSummary>,
     pub cuda: CudaSummary,
+    /// The processes traced (the target set): the first given first, then their descendants
+    /// and the processes forked during the window, with when each joined and left.
+    pub processes: Vec<super::processes::ProcessSummary>,
     /// Sorted by run-queue wait, largest first.
     pub threads: Vec<ThreadSummary>,
     /// Sorted by the waiting they caused, largest first.
@@ -231,6 +234,8 @@ pub struct Totals {
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ThreadSummary {
     pub tid: u32,
+    /// Its process (`processes[].pid`; 0 when a recovered trace file does not say).
+    pub pid: u32,
     pub comm: String,
     pub created_ns: Option<u64>,
     pub exited_ns: Option<u64>,
@@ -263,6 +268,7 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
     );
     ThreadSummary {
         tid: t.tid,
+        pid: t.pid,
         comm: t.comm.clone(),
         created_ns: t.created_ns,
         exited_ns: t.exited_ns,
@@ -419,6 +425,7 @@ pub fn build(rec: &Recording) -> Summary {
         gpu: gpu_analysis::summarize(rec),
         cgroup: super::cgroup::summarize(rec),
         cuda: cuda_summary(rec, &threads),
+        processes: super::processes::summarize(rec),
         threads,
         preemptors,
         neighbours,

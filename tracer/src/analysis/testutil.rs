@@ -16,6 +16,7 @@ pub fn thread(tid: u32, on: u64, rq: u64, waits: &[u64]) -> ThreadRecord {
     }
     ThreadRecord {
         tid,
+        pid: 100,
         comm: format!("t{tid}"),
         created_ns: None,
         exited_ns: None,
@@ -78,6 +79,7 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         pid_namespace: None,
         proc_counts: None,
         children: vec![],
+        processes: vec![],
         target_cgroup: None,
     }
 }

@@ -23,6 +23,10 @@ use crate::{
 /// How the recording is taken and shown, shared by attach, run and demo.
 #[derive(Debug, Args, Clone)]
 pub struct RecordArgs {
+    /// Trace only the processes named, not their child processes. By default a process
+    /// brings its whole tree: the descendants it has, and those forked during the recording.
+    #[arg(long)]
+    pub no_children: bool,
     /// Print one JSON document on stdout instead of the text summary.
     #[arg(long)]
     pub json: bool,

@@ -8,14 +8,21 @@ use clap::Args;
 use super::{args::RecordArgs, emit::print_recording};
 use crate::{
     session::{record, runtime},
-    sources::process::Target,
+    sources::targets::Targets,
 };
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// The process to record (a thread ID is resolved to its process).
-    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..))]
-    pub pid: u32,
+    /// The processes to record: `-p 12,34` or `-p 12 -p 34` (a thread ID is resolved to its
+    /// process). Each brings its child processes unless --no-children.
+    #[arg(
+        long,
+        short,
+        required = true,
+        value_delimiter = ',',
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub pid: Vec<u32>,
     /// How long to record (e.g. 10s, 500ms, 2m). Ctrl-C ends earlier and still reports.
     #[arg(long, short, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
@@ -25,18 +32,20 @@ pub struct AttachArgs {
 
 pub fn run(args: AttachArgs) -> Result<()> {
     args.record.check_inputs_and_outputs(false)?;
-    let target = Target::resolve(args.pid)?;
-    if let Some(tid) = target.resolved_from_tid
-        && !args.record.quiet
-    {
-        eprintln!(
-            "tracer: {tid} is a thread of process {} ({}); recording the whole process",
-            target.pid,
-            crate::recording::printable(&target.comm)
-        );
+    let targets = Targets::resolve(&args.pid, !args.record.no_children)?;
+    for target in &targets.members {
+        if let Some(tid) = target.resolved_from_tid
+            && !args.record.quiet
+        {
+            eprintln!(
+                "tracer: {tid} is a thread of process {} ({}); recording the whole process",
+                target.pid,
+                crate::recording::printable(&target.comm)
+            );
+        }
     }
     let opts = args.record.session_options(Some(args.duration));
-    let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let mut rec = runtime()?.block_on(record(&targets, &opts, || Ok(())))?;
     print_recording(
         &mut rec,
         args.record.json,

@@ -97,7 +97,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
     };
     // Loading puts every program through the verifier; nothing is attached.
     // With every record sent (timeline), the verifier sees every path.
-    let loaded = SchedProbes::load(std::process::id(), &opts, &none, true);
+    let loaded = SchedProbes::load(&[std::process::id()], false, &opts, &none, true);
     match loaded {
         Ok(p) if p.mode() == ProbeMode::TpBtf => {
             let ok = "the tp_btf scheduler programs load and pass the verifier";

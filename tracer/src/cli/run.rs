@@ -14,7 +14,7 @@ use super::{args::RecordArgs, emit::print_recording};
 use crate::{
     error::TracerError,
     session::{record, runtime},
-    sources::process::Target,
+    sources::{process::Target, targets::Targets},
 };
 
 #[derive(Debug, Args)]
@@ -155,11 +155,15 @@ pub fn run(args: RunArgs) -> Result<u8> {
     args.record.check_inputs_and_outputs(true)?;
     // Fork before the runtime starts any thread.
     let child = GatedChild::spawn(&args.command)?;
-    let target = Target::child(child.pid, &args.command)?;
+    // The command's whole tree: it has no children yet, and the kernel side follows its forks.
+    let targets = Targets::of(
+        Target::child(child.pid, &args.command)?,
+        !args.record.no_children,
+    );
     let opts = args.record.session_options(args.duration);
     // If recording fails before the release, dropping the gate makes the child exit unrun.
     let mut rec =
-        runtime()?.block_on(record(&target, &opts, || child.release(&args.command[0])))?;
+        runtime()?.block_on(record(&targets, &opts, || child.release(&args.command[0])))?;
     let ended = child.try_reap();
     if !args.record.quiet {
         match &ended {

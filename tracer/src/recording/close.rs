@@ -63,6 +63,7 @@ pub fn close_thread(
     let kernel_comm = comm_string(&s.comm);
     ThreadRecord {
         tid: s.tid,
+        pid: s.tgid,
         // The name the thread has now beats the one it had when first seen; an exited thread
         // keeps the name the kernel saw at exit.
         comm: match comm {
@@ -93,6 +94,7 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
     let running = info.state == 'R';
     ThreadRecord {
         tid: info.tid,
+        pid: info.pid,
         comm: info.comm.clone(),
         created_ns: None,
         exited_ns: None,
@@ -272,6 +274,7 @@ mod tests {
             5,
             ThreadInfo {
                 tid: 5,
+                pid: 5,
                 comm: "sleeper".into(),
                 state: 'S',
             },
@@ -280,6 +283,7 @@ mod tests {
             6,
             ThreadInfo {
                 tid: 6,
+                pid: 5,
                 comm: "spinner".into(),
                 state: 'R',
             },

@@ -54,11 +54,30 @@ pub struct TargetMeta {
     pub cmdline: Vec<String>,
 }
 
+/// One process of the target set: given, a descendant when the recording started, or forked
+/// by a member during it (`joined_ns`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ProcessRecord {
+    /// The kernel's PID (TGID).
+    pub pid: u32,
+    /// Its parent when it joined (0 when unknown).
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// Named on the command line (not brought in as a descendant).
+    pub given: bool,
+    /// When it was forked, if inside the window (None: it was there at the start).
+    pub joined_ns: Option<u64>,
+}
+
 /// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part
 /// of the window the thread was alive.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ThreadRecord {
     pub tid: u32,
+    /// Its process (the kernel's TGID; 0 in trace files from before process trees).
+    #[serde(default)]
+    pub pid: u32,
     pub comm: String,
     pub created_ns: Option<u64>,
     pub exited_ns: Option<u64>,
@@ -201,6 +220,10 @@ pub struct Recording {
     /// The target's child processes (and theirs), which were not traced.
     #[serde(default)]
     pub children: Vec<ChildRecord>,
+    /// The processes traced, the first given first (trace files from before process trees:
+    /// none; the target alone was).
+    #[serde(default)]
+    pub processes: Vec<ProcessRecord>,
     /// The target's cgroup in the v2 hierarchy (what preemptors' cgroups are compared with).
     #[serde(default)]
     pub target_cgroup: Option<String>,
@@ -281,6 +304,11 @@ struct Built {
 impl Recording {
     pub fn duration_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// Whether the process `tgid` was traced: the target, or another process of its set.
+    pub fn is_member(&self, tgid: u32) -> bool {
+        tgid == self.target.pid && tgid != 0 || self.processes.iter().any(|p| p.pid == tgid)
     }
 
     /// Every thread's states over the window, rebuilt from the timeline events the first time

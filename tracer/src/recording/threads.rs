@@ -4,6 +4,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ThreadInfo {
     pub tid: u32,
+    /// Its process (the kernel's TGID); absent from trace files before process trees.
+    #[serde(default)]
+    pub pid: u32,
     pub comm: String,
     /// The state letter of /proc/PID/task/TID/stat (R, S, D, ...).
     pub state: char,

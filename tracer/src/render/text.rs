@@ -16,6 +16,8 @@ use crate::{
 /// Threads shown in the table; the JSON has them all.
 const MAX_THREAD_ROWS: usize = 20;
 const MAX_PREEMPTOR_ROWS: usize = 10;
+/// Processes shown (the ones given, then the busiest).
+const MAX_PROCESS_ROWS: usize = 12;
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -75,6 +77,7 @@ pub fn render(r: &Report) -> String {
         "  threads: {} ({} created, {} exited during the recording)",
         t.threads, t.threads_created, t.threads_exited
     );
+    processes(&mut out, s);
     let _ = writeln!(
         out,
         "  on-CPU {}  run-queue wait {} ({} of the time the threads wanted a CPU)  blocked {}",
@@ -270,6 +273,50 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 }
 
 /// The counters section: what was measured, or plainly why not and what that means.
+/// One line per process of the set, when there is more than one: which, since when, and what
+/// its threads did.
+fn processes(out: &mut String, s: &Summary) {
+    if s.processes.len() < 2 {
+        return;
+    }
+    let _ = writeln!(out, "  processes: {}", s.processes.len());
+    for p in s.processes.iter().take(MAX_PROCESS_ROWS) {
+        let since = |t: Option<u64>, what: &str| {
+            t.map_or(String::new(), |t| {
+                format!(", {what} at +{}", dur(t.saturating_sub(s.start_ns)))
+            })
+        };
+        let _ = writeln!(
+            out,
+            "    PID {} ({}){}{}{}: {} thread{}, on-CPU {}, run-queue wait {}, blocked {}",
+            s.shown_id(p.pid),
+            printable(&p.comm),
+            if p.given {
+                String::new()
+            } else {
+                format!(", child of {}", s.shown_id(p.ppid))
+            },
+            since(p.joined_ns, "forked"),
+            since(p.left_ns, "exited"),
+            p.threads,
+            if p.threads == 1 { "" } else { "s" },
+            dur(p.totals.time.oncpu_ns),
+            dur(p.totals.time.runq_wait_ns),
+            dur(p.totals.time.blocked_ns)
+        );
+    }
+    let rest = &s.processes[s.processes.len().min(MAX_PROCESS_ROWS)..];
+    if !rest.is_empty() {
+        let on: u64 = rest.iter().map(|p| p.totals.time.oncpu_ns).sum();
+        let _ = writeln!(
+            out,
+            "    ... and {} more (on-CPU {} in all; the JSON lists every one)",
+            rest.len(),
+            dur(on)
+        );
+    }
+}
+
 fn counters(out: &mut String, s: &Summary) {
     let pmu = &s.capabilities.pmu;
     let c = &s.counters;

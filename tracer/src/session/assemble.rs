@@ -21,6 +21,7 @@ use crate::{
         ebpf::{Reaped, SchedProbes},
         host,
         process::{Target, comm_of, process_stat},
+        targets::Targets,
     },
 };
 
@@ -133,11 +134,12 @@ fn forked(probes: &SchedProbes) -> Result<Vec<Forked>> {
 
 /// Reads the kernel maps and joins everything into the recording.
 pub fn recording(
-    target: &Target,
+    targets: &Targets,
     probes: &mut SchedProbes,
     mut col: Collector,
     w: Ended,
 ) -> Result<Recording> {
+    let target = targets.primary();
     let losses = probes.losses()?;
     let mut finished = w.finished;
     let mut kernel = probes.threads()?;
@@ -183,7 +185,7 @@ pub fn recording(
     let inputs = ThreadInputs {
         kernel,
         initial: w.initial,
-        final_names: target.threads(),
+        final_names: targets.threads(),
         samples: col.take_samples(),
         counters,
         cuda,
@@ -191,6 +193,7 @@ pub fn recording(
         end_counts: w.proc_counts.end.clone(),
     };
     let threads = assemble_threads(inputs, w.start, w.end);
+    let forked = forked(probes)?;
     let mut rec = Recording {
         tracer_version: env!("CARGO_PKG_VERSION").into(),
         target: target_meta(target),
@@ -229,7 +232,13 @@ pub fn recording(
         timeline: Default::default(),
         pid_namespace: None,
         proc_counts: Some(w.proc_counts),
-        children: child_records(&w.children.0, &w.children.1, &forked(probes)?),
+        processes: targets.records(if targets.follow { &forked } else { &[] }),
+        // Followed, the processes the members forked are members themselves.
+        children: child_records(
+            &w.children.0,
+            &w.children.1,
+            if targets.follow { &[] } else { &forked },
+        ),
         target_cgroup: cgroup2_of(target.proc_pid),
     };
     rec.pid_namespace = target

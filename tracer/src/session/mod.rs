@@ -28,6 +28,7 @@ use crate::{
         perf::{CounterChoice, PerfSet},
         privileges,
         process::{self, Target},
+        targets::Targets,
     },
     trace::{TraceMeta, writer::TraceWriter},
 };
@@ -95,14 +96,17 @@ fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
     bar
 }
 
-/// Records `target`. `attached` runs once every probe is attached (`tracer run` releases its
-/// child there).
+/// Records the processes of `targets`. `attached` runs once every probe is attached (`tracer
+/// run` releases its child there).
 pub async fn record(
-    target: &Target,
+    targets: &Targets,
     opts: &SessionOptions,
     attached: impl FnOnce() -> Result<()>,
 ) -> Result<Recording> {
     privileges::check()?;
+    // The first process given names the recording; the CUDA and marker uprobes, the GPU
+    // processes and the cgroup are still its own (issue 15 extends them to every member).
+    let target = targets.primary();
     // Open the output first: a path that cannot be written fails before anything is traced.
     let mut writer = opts
         .output
@@ -115,7 +119,13 @@ pub async fn record(
     // timeline or a trace file. Decided here, from the options that need them, so that no
     // caller can keep a timeline the probes do not feed.
     let timeline = opts.keep_timeline || opts.output.is_some();
-    let mut probes = SchedProbes::load(target.pid, &opts.probes, &perf, timeline)?;
+    let mut probes = SchedProbes::load(
+        &targets.tgids(),
+        targets.follow,
+        &opts.probes,
+        &perf,
+        timeline,
+    )?;
     let sampler = match &opts.gpu {
         Some(g) => GpuSampler::start(
             target.pid,
@@ -145,28 +155,28 @@ pub async fn record(
     }
     // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already stand
     // for another process, which the programs (filtering on the number) must not record.
-    if target.gone() {
+    if let Some(t) = targets.members.iter().find(|t| t.gone()) {
         anyhow::bail!(
             "PID {} ({}) exited before the recording started",
-            target.pid,
-            crate::recording::printable(&target.comm)
+            t.pid,
+            crate::recording::printable(&t.comm)
         );
     }
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
     probes.attach(|| {
-        target
+        targets
             .threads()
-            .into_keys()
-            .map(|tid| (tid, target.pid))
+            .into_values()
+            .map(|t| (t.tid, t.pid))
             .collect()
     })?;
     // The threads' own counts, as near the window's start as can be: the self-check
     // compares the recording with what they add up to over the window.
-    let (counts_start, left_out) = target.thread_counts(SELF_CHECK_THREADS);
-    let children_start = target.children();
+    let (counts_start, left_out) = targets.thread_counts(SELF_CHECK_THREADS);
+    let children_start = targets.children();
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
-    let initial = target.threads();
+    let initial = targets.threads();
     let bin_ns = opts.bin.as_nanos() as u64;
     if let Some(w) = writer.as_mut() {
         w.meta(&TraceMeta {
@@ -261,8 +271,8 @@ pub async fn record(
 
     probes.detach_sched();
     let end = monotonic_ns();
-    let (counts_end, _) = target.thread_counts(SELF_CHECK_THREADS);
-    let children_end = target.children();
+    let (counts_end, _) = targets.thread_counts(SELF_CHECK_THREADS);
+    let children_end = targets.children();
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
     probes.detach_uprobes();
@@ -310,7 +320,7 @@ pub async fn record(
         },
         children: (children_start, children_end),
     };
-    let mut rec = assemble::recording(target, &mut probes, col, ended)?;
+    let mut rec = assemble::recording(targets, &mut probes, col, ended)?;
     let (cpu, rss) = process::own_usage();
     rec.tracer_cost = Some(TracerCost {
         cpu_ns: cpu - cpu_at_start,

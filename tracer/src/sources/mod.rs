@@ -10,4 +10,5 @@ pub mod perf;
 pub mod pidns;
 pub mod privileges;
 pub mod process;
+pub mod targets;
 pub mod topology;

@@ -258,6 +258,7 @@ impl Target {
                 tid,
                 ThreadInfo {
                     tid,
+                    pid: self.pid,
                     comm: stat.comm,
                     state: stat.state,
                 },

@@ -143,6 +143,7 @@ fn partial(
         pid_namespace: meta.pid_namespace.clone(),
         proc_counts: None,
         children: vec![],
+        processes: vec![],
         target_cgroup: None,
     }
 }
@@ -171,6 +172,7 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
             }
             ThreadRecord {
                 tid: t.tid,
+                pid: meta.threads.get(&t.tid).map_or(0, |i| i.pid),
                 comm: meta
                     .threads
                     .get(&t.tid)

@@ -14,6 +14,7 @@ use crate::{
         clock::monotonic_ns,
         ebpf::requests::{Marker, RequestMarkers},
         process::Target,
+        targets::Targets,
     },
     workload::{limit::CpuLimit, server::set_affinity},
 };
@@ -211,7 +212,11 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         id_arg: Some(0),
     });
     opts.keep_timeline = true;
-    let rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let rec = runtime()?.block_on(record(
+        &Targets::of(target.clone(), !args.record.no_children),
+        &opts,
+        || Ok(()),
+    ))?;
     let own = [pid, _disturbance.as_ref().map_or(0, |d| d.0.id())];
     drop(_disturbance);
     let mut server = server;

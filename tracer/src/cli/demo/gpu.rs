@@ -20,7 +20,7 @@ use super::{
 use crate::{
     cli::emit::load_latencies,
     session::{record, runtime},
-    sources::{clock::monotonic_ns, process::Target},
+    sources::{clock::monotonic_ns, process::Target, targets::Targets},
 };
 
 static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
@@ -130,7 +130,11 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let target = Target::resolve(pid)?;
     let mut opts = args.record.session_options(Some(args.duration));
     opts.keep_timeline = true;
-    let mut rec = runtime()?.block_on(record(&target, &opts, || Ok(())))?;
+    let mut rec = runtime()?.block_on(record(
+        &Targets::of(target.clone(), !args.record.no_children),
+        &opts,
+        || Ok(()),
+    ))?;
     let own = [pid, _hog.as_ref().map_or(0, |h| h.0.id())];
     drop(_hog);
     let mut server = server;

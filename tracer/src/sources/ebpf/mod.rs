@@ -182,13 +182,14 @@ fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
 }
 
 impl SchedProbes {
-    /// Loads and configures the probes for `target_tgid`, reading the counters in `perf` at
-    /// each of its context switches: every program through the verifier, nothing attached yet
-    /// (what `tracer doctor` checks).
+    /// Loads and configures the probes for the processes `tgids` (and, with `follow`, those
+    /// they fork), reading the counters in `perf` at each of their context switches: every
+    /// program through the verifier, nothing attached yet (what `tracer doctor` checks).
     /// `timeline`: carry every state change through the ring buffer (`Config::transitions`);
     /// without it, only the records the summary reads.
     pub fn load(
-        target_tgid: u32,
+        tgids: &[u32],
+        follow: bool,
         opts: &ProbeOptions,
         perf: &PerfSet,
         timeline: bool,
@@ -213,7 +214,7 @@ impl SchedProbes {
             .clone()
             .unwrap_or_else(|| layout::VMLINUX_BTF.into());
         let mut config = Config::zeroed();
-        config.target_tgid = target_tgid;
+        config.follow_children = follow as u32;
         // An eighth of the ring: at 16 MB/s of events (200k switches/s) an 8 MiB ring wakes the
         // reader about 16 times a second, and still has 7/8 of its room for the reader's delay.
         config.ring_wakeup_bytes = opts.ring_bytes / 8;
@@ -265,7 +266,7 @@ impl SchedProbes {
             .load(OBJECT)
             .map_err(|e| load_error_of("", &e))?;
         let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
-        add_targets(&mut ebpf, &[target_tgid])?;
+        add_targets(&mut ebpf, tgids)?;
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
         let btf_capability = match &btf {

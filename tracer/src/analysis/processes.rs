@@ -1,0 +1,141 @@
+//! The target set process by process: who was traced, when each joined and left, and what its
+//! threads add up to. Pure.
+
+use serde::Serialize;
+
+use crate::recording::{ProcessRecord, Recording, threads::ThreadTotals};
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ProcessSummary {
+    /// The kernel's PID (TGID).
+    pub pid: u32,
+    /// Its parent when it joined (0 when unknown).
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// Named on the command line (not brought in as a descendant).
+    pub given: bool,
+    /// When it was forked, if inside the window (null: it was there at the start).
+    pub joined_ns: Option<u64>,
+    /// When its last thread exited, if inside the window (null: it outlived the window).
+    pub left_ns: Option<u64>,
+    /// Its threads seen in the window.
+    pub threads: u64,
+    /// Its threads' totals added up.
+    #[serde(flatten)]
+    pub totals: ThreadTotals,
+}
+
+/// Every process of the set: those given first, in their order, then the others by on-CPU
+/// time, largest first. A recording from before process trees lists none: its target alone,
+/// with all the threads.
+pub fn summarize(rec: &Recording) -> Vec<ProcessSummary> {
+    let mut out = each(rec);
+    out.sort_by(|a, b| {
+        b.given
+            .cmp(&a.given)
+            .then_with(|| match a.given {
+                true => std::cmp::Ordering::Equal,
+                false => b.totals.time.oncpu_ns.cmp(&a.totals.time.oncpu_ns),
+            })
+            .then(a.pid.cmp(&b.pid))
+    });
+    out
+}
+
+fn each(rec: &Recording) -> Vec<ProcessSummary> {
+    let listed: Vec<ProcessRecord> = if rec.processes.is_empty() {
+        vec![ProcessRecord {
+            pid: rec.target.pid,
+            ppid: 0,
+            comm: rec.target.comm.clone(),
+            cmdline: rec.target.cmdline.clone(),
+            given: true,
+            joined_ns: None,
+        }]
+    } else {
+        rec.processes.clone()
+    };
+    let alone = listed.len() == 1;
+    listed
+        .into_iter()
+        .map(|p| {
+            // Threads of files from before process trees carry no process: all the target's.
+            let mine: Vec<_> = rec
+                .threads
+                .iter()
+                .filter(|t| t.pid == p.pid || (alone && t.pid == 0))
+                .collect();
+            let mut totals = ThreadTotals::default();
+            for t in &mine {
+                totals += t.totals;
+            }
+            let left_ns = mine
+                .iter()
+                .map(|t| t.exited_ns)
+                .collect::<Option<Vec<u64>>>()
+                .filter(|e| !e.is_empty())
+                .and_then(|e| e.into_iter().max());
+            // The name the kernel last gave its main thread: a child is named after its parent
+            // until it execs.
+            let comm = mine
+                .iter()
+                .find(|t| t.tid == p.pid)
+                .map_or(p.comm, |t| t.comm.clone());
+            ProcessSummary {
+                pid: p.pid,
+                ppid: p.ppid,
+                comm,
+                cmdline: p.cmdline,
+                given: p.given,
+                joined_ns: p.joined_ns,
+                left_ns,
+                threads: mine.len() as u64,
+                totals,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::testutil::{recording, thread};
+
+    #[test]
+    fn threads_add_up_per_process_and_a_process_leaves_with_its_last_thread() {
+        let mut a = thread(1, 100, 10, &[10]);
+        a.pid = 100;
+        let mut b = thread(2, 200, 20, &[20]);
+        b.pid = 200;
+        b.exited_ns = Some(5_000);
+        let mut c = thread(3, 300, 30, &[30]);
+        c.pid = 200;
+        c.exited_ns = Some(7_000);
+        let mut rec = recording(vec![a, b, c], vec![]);
+        rec.processes = vec![
+            ProcessRecord {
+                pid: 100,
+                ppid: 1,
+                comm: "api".into(),
+                cmdline: vec![],
+                given: true,
+                joined_ns: None,
+            },
+            ProcessRecord {
+                pid: 200,
+                ppid: 100,
+                comm: "engine".into(),
+                cmdline: vec![],
+                given: false,
+                joined_ns: Some(1_000),
+            },
+        ];
+        let p = summarize(&rec);
+        assert_eq!((p[0].threads, p[0].left_ns), (1, None));
+        assert_eq!(p[1].threads, 2);
+        assert_eq!(p[1].totals.time.oncpu_ns, 500);
+        assert_eq!(p[1].left_ns, Some(7_000));
+        assert!(rec.is_member(200) && !rec.is_member(300));
+    }
+}
