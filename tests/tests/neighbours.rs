@@ -96,7 +96,7 @@ fn child_processes_doing_the_work_are_named_with_their_cpu_time() {
     let _guard = serial();
     require_root();
     // A parent that only waits while the two children it forked spin: tracing the parent
-    // alone sees nothing wrong, and must say where the work went.
+    // alone (--no-children) sees nothing wrong, and must say where the work went.
     let parent = Kill::group(
         Command::new("sh").args(["-c", "for i in 1 2; do (while :; do :; done) & done; wait"]),
     );
@@ -109,6 +109,7 @@ fn child_processes_doing_the_work_are_named_with_their_cpu_time() {
         "attach",
         "-p",
         &parent.id().to_string(),
+        "--no-children",
         "-d",
         "2s",
         "--json",
@@ -159,10 +160,21 @@ fn a_forked_child_is_not_blamed_as_an_outside_preemptor() {
     require_root();
     // `run` of a command that forks a worker and spins beside it on one CPU, both for 3 s:
     // the worker takes the CPU from the traced parent. It is the target's own child, forked
-    // inside the window (seen by the kernel side, not /proc).
+    // inside the window (seen by the kernel side, not /proc), and left untraced here
+    // (--no-children; followed, it is a member: processes.rs).
     let script = "import os, time\nos.fork()\nend = time.time() + 3\nwhile time.time() < end: pass";
     let out = run_tracer(&[
-        "run", "--json", "-q", "--", "taskset", "-c", "0", "python3", "-c", script,
+        "run",
+        "--json",
+        "-q",
+        "--no-children",
+        "--",
+        "taskset",
+        "-c",
+        "0",
+        "python3",
+        "-c",
+        script,
     ]);
     assert!(out.status.success(), "{}", out.stderr);
     let doc = out.json();

@@ -157,6 +157,10 @@ impl Writer {
 
 /// Track identifiers: the process, each thread, each thread's CUDA track, the counters.
 const PROCESS_UUID: u64 = 1;
+/// The other processes of the target set.
+fn process_uuid(pid: u32) -> u64 {
+    0x4_0000_0000 | pid as u64
+}
 fn thread_uuid(tid: u32) -> u64 {
     0x1_0000_0000 | tid as u64
 }
@@ -175,13 +179,36 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         trace: Msg::default(),
         first: true,
     };
-    let pid = rec.target.pid as u64;
-    let mut p = Msg::default();
-    p.uint(PROCESS_PID, pid)
-        .string(PROCESS_NAME, &rec.target.comm);
-    let mut d = Msg::default();
-    d.uint(TRACK_UUID, PROCESS_UUID).msg(TRACK_PROCESS, &p);
-    w.track(&d);
+    // A process track per member of the target set, the first given (which the counters
+    // hang under) as PROCESS_UUID; recordings from before process trees have the target alone.
+    let target = rec.target.pid;
+    let process_of = |tid: u32| {
+        rec.threads
+            .iter()
+            .find(|r| r.tid == tid)
+            .map_or(target, |r| if r.pid == 0 { target } else { r.pid })
+    };
+    let uuid_of = |pid: u32| {
+        if pid == target {
+            PROCESS_UUID
+        } else {
+            process_uuid(pid)
+        }
+    };
+    let mut members: Vec<(u32, &str)> = vec![(target, rec.target.comm.as_str())];
+    members.extend(
+        rec.processes
+            .iter()
+            .filter(|p| p.pid != target)
+            .map(|p| (p.pid, p.comm.as_str())),
+    );
+    for (pid, comm) in members {
+        let mut p = Msg::default();
+        p.uint(PROCESS_PID, pid as u64).string(PROCESS_NAME, comm);
+        let mut d = Msg::default();
+        d.uint(TRACK_UUID, uuid_of(pid)).msg(TRACK_PROCESS, &p);
+        w.track(&d);
+    }
 
     let timelines = rec.threads_over_time();
     for t in timelines.values() {
@@ -190,13 +217,14 @@ pub fn render(rec: &Recording) -> Vec<u8> {
             .iter()
             .find(|r| r.tid == t.tid)
             .map_or(String::new(), |r| r.comm.clone());
+        let pid = process_of(t.tid);
         let mut th = Msg::default();
-        th.uint(THREAD_PID, pid)
+        th.uint(THREAD_PID, pid as u64)
             .uint(THREAD_TID, t.tid as u64)
             .string(THREAD_NAME, &name);
         let mut d = Msg::default();
         d.uint(TRACK_UUID, thread_uuid(t.tid))
-            .uint(TRACK_PARENT, PROCESS_UUID)
+            .uint(TRACK_PARENT, uuid_of(pid))
             .msg(TRACK_THREAD, &th);
         w.track(&d);
         // Running and waiting are slices; blocked is the gap between them.
@@ -211,7 +239,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         if !spans.is_empty() {
             let mut d = Msg::default();
             d.uint(TRACK_UUID, cuda_uuid(t.tid))
-                .uint(TRACK_PARENT, PROCESS_UUID)
+                .uint(TRACK_PARENT, uuid_of(pid))
                 .string(TRACK_NAME, &format!("{} {name}: CUDA sync", t.tid));
             w.track(&d);
             for s in spans {

@@ -154,14 +154,23 @@ pub async fn record(
         probes.attach_markers(target.proc_pid, m)?;
     }
     // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already stand
-    // for another process, which the programs (filtering on the number) must not record.
-    if let Some(t) = targets.members.iter().find(|t| t.gone()) {
+    // for another process, which the programs (filtering on the number) must not record. A
+    // process given is then an error; a descendant that exited meanwhile (a shell's short
+    // command) leaves the set.
+    if let Some(t) = targets.members[..targets.given].iter().find(|t| t.gone()) {
         anyhow::bail!(
             "PID {} ({}) exited before the recording started",
             t.pid,
             crate::recording::printable(&t.comm)
         );
     }
+    let gone: Vec<u32> = targets.members[targets.given..]
+        .iter()
+        .filter(|t| t.gone())
+        .map(|t| t.pid)
+        .collect();
+    probes.remove_targets(&gone)?;
+    let targets = &targets.without(&gone);
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
     probes.attach(|| {

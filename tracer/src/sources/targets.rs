@@ -118,6 +118,13 @@ impl Targets {
         out
     }
 
+    /// The set less the processes `gone`.
+    pub fn without(&self, gone: &[u32]) -> Self {
+        let mut t = self.clone();
+        t.members.retain(|m| !gone.contains(&m.pid));
+        t
+    }
+
     /// The first process given.
     pub fn primary(&self) -> &Target {
         &self.members[0]

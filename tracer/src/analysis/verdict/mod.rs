@@ -122,7 +122,7 @@ fn working_children(s: &Summary) -> Option<String> {
         .collect();
     Some(format!(
         "{} child process{} of the target worked in the window untraced: {}{}; their threads' \
-         waiting is not in this verdict: trace them with -p",
+         waiting is not in this verdict: trace them with -p (or without --no-children)",
         busy.len(),
         if busy.len() == 1 { "" } else { "es" },
         named.join(", "),

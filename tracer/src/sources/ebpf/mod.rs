@@ -164,9 +164,8 @@ fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -> TracerErr
     load_error(detail)
 }
 
-/// Puts processes in the kernel side's target set (`TARGETS`, a bit per TGID), before anything
-/// is attached: from then on every program treats their threads as the target's.
-fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
+/// Sets (`on`) or clears the bits of `tgids` in the kernel side's target set.
+fn mark_targets(ebpf: &mut aya::Ebpf, tgids: &[u32], on: bool) -> Result<()> {
     let mut set: aya::maps::Array<_, u64> =
         aya::maps::Array::try_from(ebpf.map_mut("TARGETS").context("TARGETS map")?)?;
     for &tgid in tgids {
@@ -175,13 +174,27 @@ fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
             "PID {tgid} is beyond the kernel's PID limit"
         );
         let word = set.get(&(tgid >> 6), 0).context("reading the target set")?;
-        set.set(tgid >> 6, word | 1u64 << (tgid & 63), 0)
+        let bit = 1u64 << (tgid & 63);
+        let word = if on { word | bit } else { word & !bit };
+        set.set(tgid >> 6, word, 0)
             .context("writing the target set")?;
     }
     Ok(())
 }
 
+/// Puts processes in the kernel side's target set (`TARGETS`, a bit per TGID), before anything
+/// is attached: from then on every program treats their threads as the target's.
+fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
+    mark_targets(ebpf, tgids, true)
+}
+
 impl SchedProbes {
+    /// Takes processes out of the target set before anything is attached (nothing writes the
+    /// set but the programs, which are not attached yet).
+    pub fn remove_targets(&mut self, tgids: &[u32]) -> Result<()> {
+        mark_targets(&mut self.ebpf, tgids, false)
+    }
+
     /// Loads and configures the probes for the processes `tgids` (and, with `follow`, those
     /// they fork), reading the counters in `perf` at each of their context switches: every
     /// program through the verifier, nothing attached yet (what `tracer doctor` checks).
