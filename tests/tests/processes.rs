@@ -30,7 +30,11 @@ def work(rounds):
             pass
         time.sleep(0.001)
 
-def worker(r, done):
+def worker(r, done, name):
+    if name:
+        # A process title as vLLM's engine sets it (the kernel keeps 15 bytes).
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
     # Parked in a read; "g" means one round of work, EOF means exit.
     while True:
         c = os.read(r, 1)
@@ -39,12 +43,12 @@ def worker(r, done):
         work(40)
         os.write(done, b"d")
 
-def spawn():
+def spawn(name=None):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(w)
-        worker(r, done_w)
+        worker(r, done_w, name)
     os.close(r)
     return pid, w
 
@@ -55,7 +59,7 @@ for line in sys.stdin:
     if line.strip() == "go":
         for _, w in kids:
             os.write(w, b"g")
-        late = spawn()
+        late = spawn("VLLM::EngineCore")
         os.write(late[1], b"g")
         kids.append(late)
         for _ in range(3):
@@ -216,6 +220,10 @@ fn attached_by_the_parent_every_process_of_the_tree_is_counted_exactly() {
         "forked inside the window: {}",
         of(late)
     );
+    // Named by its process title: where a cause acts, the verdict can say which part of the
+    // service it is.
+    assert_eq!(of(late)["role"], "engine_core", "{}", of(late));
+    assert_eq!(of(tree.pid)["role"], "python3");
     // Traced from its fork: its thread's birth is the same fork, stamped a moment later.
     let created = u(&thread_json(&doc, late)["created_ns"]);
     assert!(

@@ -9,6 +9,7 @@ pub mod processes;
 pub mod quantiles;
 pub mod report;
 pub mod requests;
+pub mod roles;
 pub mod selfcheck;
 pub mod summary;
 pub mod verdict;

@@ -13,6 +13,10 @@ pub struct ProcessSummary {
     pub ppid: u32,
     pub comm: String,
     pub cmdline: Vec<String>,
+    /// What it is for in the service, from its process title and command line
+    /// (`api_server`, `engine_core_dp0`, `worker_tp0`, `scheduler_tp0`, `detokenizer`,
+    /// `router`, `shard_1`, ...), else its command name (analysis/roles.rs).
+    pub role: String,
     /// Named on the command line (not brought in as a descendant).
     pub given: bool,
     /// When it was forked, if inside the window (null: it was there at the start).
@@ -85,6 +89,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
             ProcessSummary {
                 pid: p.pid,
                 ppid: p.ppid,
+                role: super::roles::role_of(&comm, &p.cmdline),
                 comm,
                 cmdline: p.cmdline,
                 given: p.given,

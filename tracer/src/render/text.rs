@@ -288,9 +288,10 @@ fn processes(out: &mut String, s: &Summary) {
         };
         let _ = writeln!(
             out,
-            "    PID {} ({}){}{}{}: {} thread{}, on-CPU {}, run-queue wait {}, blocked {}",
+            "    PID {} ({}, {}){}{}{}: {} thread{}, on-CPU {}, run-queue wait {}, blocked {}",
             s.shown_id(p.pid),
             printable(&p.comm),
+            printable(&p.role),
             if p.given {
                 String::new()
             } else {

@@ -182,10 +182,11 @@ pub fn recording(
             count,
         })
         .collect();
+    let final_names = final_names(targets, &kernel);
     let inputs = ThreadInputs {
         kernel,
         initial: w.initial,
-        final_names: targets.threads(),
+        final_names,
         samples: col.take_samples(),
         counters,
         cuda,
@@ -246,6 +247,39 @@ pub fn recording(
         .map(|(inode, ids)| crate::recording::PidNamespaceIds { inode, ids });
     col.finish_into(&mut rec);
     Ok(rec)
+}
+
+/// The names the threads have now: the members' as /proc lists them, and those of threads of
+/// processes that joined during the window, read one by one (a process names itself after
+/// its fork: a process title, prctl).
+fn final_names(
+    targets: &Targets,
+    kernel: &[ThreadStats],
+) -> BTreeMap<u32, crate::recording::ThreadInfo> {
+    let mut names = targets.threads();
+    let primary = targets.primary();
+    let unnamed: Vec<&ThreadStats> = kernel
+        .iter()
+        .filter(|s| !names.contains_key(&s.tid))
+        .collect();
+    for s in unnamed {
+        let (Some(pid), Some(tid)) = (primary.proc_pid_of(s.tgid), primary.proc_pid_of(s.tid))
+        else {
+            continue;
+        };
+        if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+            names.insert(
+                s.tid,
+                crate::recording::ThreadInfo {
+                    tid: s.tid,
+                    pid: s.tgid,
+                    comm: comm.trim_end_matches('\n').to_string(),
+                    state: '?',
+                },
+            );
+        }
+    }
+    names
 }
 
 /// What the recording says of its target.
