@@ -337,6 +337,10 @@ pub async fn record(
         peak_rss_bytes: rss,
     });
     if let Some(w) = writer {
+        // A signal from here until the message below says the file is complete waits (the
+        // file renamed into place while the message still named the temporary one told a
+        // user who interrupted then that the complete trace was partial).
+        let _held = crate::signals::Deferred::new();
         // A file that cannot be finished (full disk) must not cost the recording: it is still
         // reported, and the command fails after.
         match w.finish(&rec) {
