@@ -3,7 +3,9 @@
 
 use serde::Serialize;
 
-use crate::recording::{ProcessRecord, Recording, threads::ThreadTotals};
+use std::collections::BTreeMap;
+
+use crate::recording::{ProcessRecord, Recording, ThreadRecord, threads::ThreadTotals};
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ProcessSummary {
@@ -35,14 +37,17 @@ pub struct ProcessSummary {
 /// with all the threads.
 pub fn summarize(rec: &Recording) -> Vec<ProcessSummary> {
     let mut out = each(rec);
+    // Stable: the processes given keep the order they were given in.
     out.sort_by(|a, b| {
-        b.given
-            .cmp(&a.given)
-            .then_with(|| match a.given {
-                true => std::cmp::Ordering::Equal,
-                false => b.totals.time.oncpu_ns.cmp(&a.totals.time.oncpu_ns),
-            })
-            .then(a.pid.cmp(&b.pid))
+        b.given.cmp(&a.given).then_with(|| match a.given {
+            true => std::cmp::Ordering::Equal,
+            false => b
+                .totals
+                .time
+                .oncpu_ns
+                .cmp(&a.totals.time.oncpu_ns)
+                .then(a.pid.cmp(&b.pid)),
+        })
     });
     out
 }
@@ -60,16 +65,21 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
     } else {
         rec.processes.clone()
     };
+    // Threads of files from before process trees carry no process (0): all the target's.
     let alone = listed.len() == 1;
+    let mut by_process: BTreeMap<u32, Vec<&ThreadRecord>> = BTreeMap::new();
+    for t in &rec.threads {
+        let pid = if alone && t.pid == 0 {
+            listed[0].pid
+        } else {
+            t.pid
+        };
+        by_process.entry(pid).or_default().push(t);
+    }
     listed
         .into_iter()
         .map(|p| {
-            // Threads of files from before process trees carry no process: all the target's.
-            let mine: Vec<_> = rec
-                .threads
-                .iter()
-                .filter(|t| t.pid == p.pid || (alone && t.pid == 0))
-                .collect();
+            let mine = by_process.remove(&p.pid).unwrap_or_default();
             let mut totals = ThreadTotals::default();
             for t in &mine {
                 totals += t.totals;
@@ -142,5 +152,39 @@ mod tests {
         assert_eq!(p[1].totals.time.oncpu_ns, 500);
         assert_eq!(p[1].left_ns, Some(7_000));
         assert!(rec.is_member(200) && !rec.is_member(300));
+    }
+
+    #[test]
+    fn the_processes_given_keep_their_order_and_the_others_go_busiest_first() {
+        let on = |tid, pid, ns| {
+            let mut t = thread(tid, ns, 0, &[]);
+            t.pid = pid;
+            t
+        };
+        let mut rec = recording(
+            vec![
+                on(1, 300, 10),
+                on(2, 100, 20),
+                on(3, 400, 5),
+                on(4, 500, 50),
+            ],
+            vec![],
+        );
+        let process = |pid, given| ProcessRecord {
+            pid,
+            ppid: 0,
+            comm: String::new(),
+            cmdline: vec![],
+            given,
+            joined_ns: None,
+        };
+        rec.processes = vec![
+            process(300, true),
+            process(100, true),
+            process(400, false),
+            process(500, false),
+        ];
+        let order: Vec<u32> = summarize(&rec).iter().map(|p| p.pid).collect();
+        assert_eq!(order, vec![300, 100, 500, 400]);
     }
 }
