@@ -182,12 +182,9 @@ pub fn render(rec: &Recording) -> Vec<u8> {
     // A process track per member of the target set, the first given (which the counters
     // hang under) as PROCESS_UUID; recordings from before process trees have the target alone.
     let target = rec.target.pid;
-    let process_of = |tid: u32| {
-        rec.threads
-            .iter()
-            .find(|r| r.tid == tid)
-            .map_or(target, |r| if r.pid == 0 { target } else { r.pid })
-    };
+    // Looked up once per thread: a search of the thread list for each was quadratic.
+    let records: std::collections::HashMap<u32, &crate::recording::ThreadRecord> =
+        rec.threads.iter().map(|r| (r.tid, r)).collect();
     let uuid_of = |pid: u32| {
         if pid == target {
             PROCESS_UUID
@@ -212,12 +209,10 @@ pub fn render(rec: &Recording) -> Vec<u8> {
 
     let timelines = rec.threads_over_time();
     for t in timelines.values() {
-        let name = rec
-            .threads
-            .iter()
-            .find(|r| r.tid == t.tid)
-            .map_or(String::new(), |r| r.comm.clone());
-        let pid = process_of(t.tid);
+        let record = records.get(&t.tid);
+        let name = record.map_or(String::new(), |r| r.comm.clone());
+        // A thread of a file from before process trees (pid 0) is the target's.
+        let pid = record.map_or(target, |r| if r.pid == 0 { target } else { r.pid });
         let mut th = Msg::default();
         th.uint(THREAD_PID, pid as u64)
             .uint(THREAD_TID, t.tid as u64)

@@ -164,7 +164,9 @@ fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -> TracerErr
     load_error(detail)
 }
 
-/// Sets (`on`) or clears the bits of `tgids` in the kernel side's target set.
+/// Sets (`on`) or clears the bits of `tgids` in the kernel side's target set (`TARGETS`, a bit
+/// per TGID), before anything is attached: from then on every program treats their threads as
+/// the target's (or not).
 fn mark_targets(ebpf: &mut aya::Ebpf, tgids: &[u32], on: bool) -> Result<()> {
     let mut set: aya::maps::Array<_, u64> =
         aya::maps::Array::try_from(ebpf.map_mut("TARGETS").context("TARGETS map")?)?;
@@ -180,12 +182,6 @@ fn mark_targets(ebpf: &mut aya::Ebpf, tgids: &[u32], on: bool) -> Result<()> {
             .context("writing the target set")?;
     }
     Ok(())
-}
-
-/// Puts processes in the kernel side's target set (`TARGETS`, a bit per TGID), before anything
-/// is attached: from then on every program treats their threads as the target's.
-fn add_targets(ebpf: &mut aya::Ebpf, tgids: &[u32]) -> Result<()> {
-    mark_targets(ebpf, tgids, true)
 }
 
 impl SchedProbes {
@@ -279,7 +275,7 @@ impl SchedProbes {
             .load(OBJECT)
             .map_err(|e| load_error_of("", &e))?;
         let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
-        add_targets(&mut ebpf, tgids)?;
+        mark_targets(&mut ebpf, tgids, true)?;
         install_counters(&ebpf, perf)?;
         load_programs(&mut ebpf, mode, btf.as_ref())?;
         let btf_capability = match &btf {
