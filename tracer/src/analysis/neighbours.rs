@@ -96,7 +96,12 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
             .unwrap_or_else(|| p.comm.clone());
         let cgroup = r.and_then(|r| r.cgroup.clone()).unwrap_or_default();
         let (key, kind, name) = if p.same_process {
-            (Key::Target, NeighbourKind::Target, rec.target.comm.clone())
+            let name = if rec.processes.len() > 1 {
+                "the service itself".to_string()
+            } else {
+                rec.target.comm.clone()
+            };
+            (Key::Target, NeighbourKind::Target, name)
         } else if p.pid == 0 {
             (Key::Idle, NeighbourKind::Idle, IDLE.to_string())
         } else if children.contains(&p.tgid) {

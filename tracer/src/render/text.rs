@@ -243,6 +243,7 @@ pub fn render(r: &Report) -> String {
             use crate::analysis::neighbours::NeighbourKind as K;
             let name = printable(&n.name);
             let name = match n.kind {
+                K::Target if s.processes.len() > 1 => format!("{name} (its members)"),
                 K::Target => format!("{name} (the target itself)"),
                 K::Children => "its own child processes (not traced)".to_string(),
                 K::Cgroup => format!("cgroup {name}"),

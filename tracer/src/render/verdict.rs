@@ -20,9 +20,15 @@ pub fn render(r: &Report, out: &mut String) {
                 .ok()
                 .and_then(|x| x.as_str().map(String::from))
                 .unwrap_or_default();
+            let place = match &c.acts_in {
+                Some(a) if s.processes.len() > 1 => {
+                    format!(" in {a}, {} of it", crate::units::pct(a.share))
+                }
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "  {}. {:>3.0}%  {cause}: {}\n         {}",
+                "  {}. {:>3.0}%  {cause}{place}: {}\n         {}",
                 i + 1,
                 c.share * 100.0,
                 c.mechanism,

@@ -40,7 +40,27 @@ fn sides(s: &Summary) -> (Option<&Neighbour>, Option<&Neighbour>) {
 /// The neighbour as the verdict names it.
 fn contender(s: &Summary, n: &Neighbour) -> Contender {
     let pids: Vec<u32> = n.processes.iter().take(4).copied().collect();
+    // The service's own processes are named by what they are in it, not left as "its own".
+    let members = match n.kind {
+        NeighbourKind::Target if s.processes.len() > 1 => pids
+            .iter()
+            .map(|&p| {
+                let role = s
+                    .processes
+                    .iter()
+                    .find(|m| m.pid == p)
+                    .map_or("?", |m| &m.role);
+                format!(
+                    "{} (PID {})",
+                    crate::recording::printable(role),
+                    s.shown_id(p)
+                )
+            })
+            .collect(),
+        _ => vec![],
+    };
     Contender {
+        members,
         kind: n.kind,
         name: n.name.clone(),
         shown_pids: pids.iter().map(|p| s.shown_id(*p)).collect(),

@@ -89,6 +89,10 @@ pub struct Contender {
     /// `pids` as the tool's PID namespace numbers them, for the text.
     #[serde(skip)]
     pub shown_pids: Vec<String>,
+    /// For the target's own side in a service of several processes: its members that ran,
+    /// as "role (PID n)", for the text ("the service itself: engine_core (PID 12)").
+    #[serde(skip)]
+    pub members: Vec<String>,
 }
 
 /// Why a busy GPU ran slower than it could.
@@ -223,8 +227,14 @@ impl fmt::Display for Mechanism {
         match self {
             Self::RunQueueContention { by } => match by.as_slice() {
                 [] => write!(f, "run-queue contention"),
-                [a] if a.kind == NeighbourKind::Target => {
+                [a] if a.kind == NeighbourKind::Target && a.members.is_empty() => {
                     write!(f, "run-queue contention among its own threads")
+                }
+                [a] if a.kind == NeighbourKind::Target => {
+                    write!(
+                        f,
+                        "run-queue contention within the service: preempted by {a}"
+                    )
                 }
                 [a] => write!(f, "run-queue contention: preempted by {a}"),
                 [a, b, ..] => write!(
@@ -307,7 +317,14 @@ impl fmt::Display for Contender {
             }
         };
         match self.kind {
-            NeighbourKind::Target => write!(f, "its own threads"),
+            NeighbourKind::Target if self.members.is_empty() => write!(f, "its own threads"),
+            NeighbourKind::Target => {
+                write!(f, "the service itself: {}", self.members.join(", "))?;
+                if self.process_count > self.members.len() as u64 {
+                    write!(f, ", ...")?;
+                }
+                Ok(())
+            }
             NeighbourKind::Children => write!(
                 f,
                 "its own child processes, which were not traced ({})",
@@ -369,6 +386,7 @@ mod tests {
             process_count: 1,
             wait_share: share,
             shown_pids: vec!["11".into()],
+            members: vec![],
         };
         let m = Mechanism::RunQueueContention {
             by: vec![

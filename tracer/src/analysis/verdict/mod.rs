@@ -10,6 +10,7 @@ mod gpu;
 mod impediments;
 pub mod mechanism;
 pub mod model;
+mod placement;
 mod requests;
 
 pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};
@@ -39,6 +40,13 @@ pub fn judge(s: &Summary) -> Verdict {
         // Each impediment rule applies its own threshold; the shares only rank them.
         _ => (Basis::LostTime, ranked(window, 0.0)),
     };
+    let causes: Vec<Cause> = causes
+        .into_iter()
+        .map(|c| Cause {
+            acts_in: placement::place(s, &c.mechanism, basis),
+            ..c
+        })
+        .collect();
     let primary = match (causes.first(), reqs) {
         (Some(c), _) => c.cause(),
         (None, Some(r)) if r.jitter => Primary::Unexplained,
@@ -251,8 +259,13 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
                 // A share of what the threads lost to the impediments found, not of their time.
                 _ => format!("{:.0}% of the time lost to impediments", c.share * 100.0),
             };
+            // In a service of several processes, the member it acts in comes first.
+            let place = match &c.acts_in {
+                Some(a) if s.processes.len() > 1 => format!(" in {a}"),
+                _ => String::new(),
+            };
             format!(
-                "{}: {} ({scope}). {}",
+                "{}{place}: {} ({scope}). {}",
                 capitalize(p.name()),
                 c.mechanism,
                 c.mechanism.advice()

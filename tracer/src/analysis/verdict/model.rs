@@ -3,7 +3,10 @@
 
 use serde::Serialize;
 
-pub use super::mechanism::{Mechanism, Primary};
+pub use super::{
+    mechanism::{Mechanism, Primary},
+    placement::ActsIn,
+};
 
 /// What the shares are shares of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -23,6 +26,8 @@ pub struct Cause {
     pub share: f64,
     /// The numbers behind it, in words.
     pub evidence: String,
+    /// The member of the target set it acts in (set once the causes are ranked).
+    pub acts_in: Option<ActsIn>,
 }
 
 impl Cause {
@@ -31,6 +36,7 @@ impl Cause {
             mechanism,
             share,
             evidence,
+            acts_in: None,
         }
     }
 
@@ -59,6 +65,9 @@ struct CauseDoc<'a> {
     share: f64,
     /// The numbers behind it, in words.
     evidence: &'a str,
+    /// The process of the target set whose threads bore most of it: the member to look at,
+    /// whichever PID was given.
+    acts_in: Option<&'a ActsIn>,
     /// What to do about it.
     advice: String,
 }
@@ -71,6 +80,7 @@ impl<'a> From<&'a Cause> for CauseDoc<'a> {
             id: &c.mechanism,
             share: c.share,
             evidence: &c.evidence,
+            acts_in: c.acts_in.as_ref(),
             advice: c.mechanism.advice(),
         }
     }

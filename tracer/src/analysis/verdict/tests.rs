@@ -564,3 +564,66 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
     with_gpu(&mut rec, 97.0);
     assert_eq!(verdict(&rec).primary, Primary::GpuSaturation);
 }
+
+fn member(pid: u32, ppid: u32, title: &str, given: bool) -> crate::recording::ProcessRecord {
+    crate::recording::ProcessRecord {
+        pid,
+        ppid,
+        comm: "python3".into(),
+        cmdline: vec![title.into()],
+        given,
+        joined_ns: None,
+    }
+}
+
+/// A front end (PID 100, given) whose engine child (PID 200) waits behind a hog, and another
+/// where the front end's own thread takes the engine's CPU.
+fn service(front_end_waits: bool) -> Recording {
+    let mut rec = window(600, 300, vec![]);
+    rec.threads[0].tid = 201;
+    rec.threads[0].pid = 200;
+    let mut api = thread(101, 50 * MS, MS, &[MS]);
+    api.wait_classes.add(WaitKind::Contention, MS);
+    rec.threads.push(api);
+    rec.processes = vec![
+        member(100, 1, "vllm serve", true),
+        member(200, 100, "VLLM::EngineCore_DP0", false),
+    ];
+    rec.preemptors = vec![if front_end_waits {
+        PreemptorRecord {
+            pid: 101,
+            tgid: 100,
+            comm: "python3".into(),
+            wait_ns: 300 * MS,
+            ..hog(0)
+        }
+    } else {
+        hog(300 * MS)
+    }];
+    rec
+}
+
+#[test]
+fn the_member_where_the_cause_acts_is_named_whichever_pid_was_given() {
+    let v = verdict(&service(false));
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    let at = v.causes[0].acts_in.as_ref().expect("placed");
+    assert_eq!((at.pid, at.role.as_str()), (200, "engine_core_dp0"));
+    assert!(at.share > 0.99, "{at:?}");
+    assert!(
+        v.headline.starts_with(
+            "Scheduling in engine_core_dp0 (PID 200): run-queue contention: preempted by cpu-hog"
+        ),
+        "{}",
+        v.headline
+    );
+    // A member taking another's CPU is the service itself, named, not a foreign process.
+    let v = verdict(&service(true));
+    let m = v.causes[0].mechanism.to_string();
+    assert_eq!(
+        m,
+        "run-queue contention within the service: preempted by the service itself: \
+         api_server (PID 100)",
+        "{v:?}"
+    );
+}
