@@ -314,3 +314,68 @@ fn a_pid_list_names_the_pid_that_does_not_exist() {
         .collect();
     assert_eq!(procs, vec![u64::from(tree.pid), u64::from(tree.workers[0])]);
 }
+
+/// A parent that only waits while its child (pinned to one CPU) serves: 2 ms of work, 1 ms
+/// asleep, over and over.
+const SERVED_BY_A_CHILD: &str = r#"
+import os, sys, time
+cpu = int(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    os.sched_setaffinity(0, {cpu})
+    while True:
+        end = time.monotonic() + 0.002
+        while time.monotonic() < end:
+            pass
+        time.sleep(0.001)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn a_cause_on_a_child_is_found_in_the_child_when_the_parent_is_given() {
+    let _guard = serial();
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = (cpus - 1).to_string();
+    let mut parent = std::process::Command::new("python3");
+    parent
+        .args(["-c", SERVED_BY_A_CHILD, &cpu])
+        .stdout(Stdio::piped());
+    let mut parent = tracer_tests::Kill::group(&mut parent);
+    let child = read_line(&mut BufReader::new(parent.0.stdout.take().expect("stdout")));
+    let child: u32 = child.trim().parse().expect("child pid");
+    // Two hogs on the child's CPU: the child waits behind them; the parent sleeps throughout.
+    let _hogs = tracer_tests::Kill::group(Command::new(tracer_tests::tracer_bin()).args([
+        "disturb",
+        "spin",
+        "--threads=2",
+        &format!("--cpus={cpu}"),
+        "--duration=20s",
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &parent.id().to_string(),
+        "-d",
+        "2s",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let v = &doc["verdict"];
+    assert_eq!(v["primary"], "scheduling", "{v}");
+    let first = &v["causes"][0];
+    assert_eq!(first["mechanism_id"], "run_queue_contention", "{first}");
+    assert_eq!(u(&first["acts_in"]["pid"]), child as u64, "{first}");
+    // The hogs bore none of it: all of it is the child's (the parent never wanted a CPU).
+    assert!(first["acts_in"]["share"].as_f64().unwrap() > 0.9, "{first}");
+    let by = &first["mechanism_data"]["by"][0];
+    assert_eq!(by["name"], "cpu-hog", "{first}");
+    let headline = v["headline"].as_str().unwrap();
+    assert!(
+        headline.contains(&format!("(PID {child})")),
+        "the headline names the child: {headline}"
+    );
+}

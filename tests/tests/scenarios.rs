@@ -42,6 +42,10 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
         "cfs-throttle",
         "migration-storm",
         "cache-thrash",
+        // A front end and its engine child, attached by the front end's PID: the verdict the
+        // engine would give, found in the engine (`correct` checks `acts_in`).
+        "multiprocess-quiet",
+        "multiprocess-cpu-contention",
     ] {
         // A verdict is a rate over runs, and this VM's host sometimes slows one (quiet gave
         // "unexplained: longer on-CPU time" in 2 of 26 runs of a 20-run loop): a wrong verdict
@@ -81,7 +85,15 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
             closed >= 0.99,
             "{name}: only {closed} of the requests close within 5 %"
         );
-        if name == "cpu-contention" {
+        if name.starts_with("multiprocess-") {
+            let procs = doc["processes"].as_array().expect("processes");
+            let engine = u(&demo["engine_pid"]);
+            assert_eq!(procs.len(), 2, "{name}: {procs:?}");
+            assert_eq!(procs[0]["given"], true, "{name}: the front end first");
+            assert_eq!(u(&procs[1]["pid"]), engine, "{name}: {procs:?}");
+            assert_eq!(procs[1]["role"], "demo_engine", "{name}");
+        }
+        if name.ends_with("cpu-contention") {
             // The hogs are who the server waited behind (85-95 % of the waiting in our runs),
             // and the server's own log shows its tail going up.
             let top = &doc["preemptor_processes"][0];

@@ -175,7 +175,24 @@ pub fn render(r: &Report) -> String {
         })
         .collect();
     let idle = s.threads.len() - active.len();
-    let _ = writeln!(out, "\nThreads (by run-queue wait):");
+    // In a service of several processes, the table is grouped by process, in the order of
+    // the processes block, each group by run-queue wait.
+    let grouped = s.processes.len() > 1;
+    let mut active = active;
+    if grouped {
+        let rank = |pid: u32| {
+            s.processes
+                .iter()
+                .position(|p| p.pid == pid)
+                .unwrap_or(usize::MAX)
+        };
+        active.sort_by_key(|t| rank(t.pid));
+    }
+    let _ = writeln!(
+        out,
+        "\nThreads ({}by run-queue wait):",
+        if grouped { "by process, then " } else { "" }
+    );
     let mut tt = table(&[
         "TID",
         "COMM",
@@ -188,7 +205,20 @@ pub fn render(r: &Report) -> String {
         "INVOL",
         "MIGR",
     ]);
+    let mut group = None;
     for th in active.iter().take(MAX_THREAD_ROWS) {
+        if grouped && group != Some(th.pid) {
+            group = Some(th.pid);
+            let role = s
+                .processes
+                .iter()
+                .find(|p| p.pid == th.pid)
+                .map_or("?", |p| &p.role);
+            tt.add_row(vec![
+                String::new(),
+                format!("PID {} ({})", s.shown_id(th.pid), printable(role)),
+            ]);
+        }
         let mut name = printable(&th.comm).into_owned();
         if th.created_ns.is_some() {
             name.push_str(" +new");

@@ -10,10 +10,19 @@ file when a GPU scenario runs).
          --stall-after S: S seconds after it is ready, a background thread of the same process
          starts queueing a burst of large matmuls on its own stream every 200 ms, which the
          serving thread's device-wide synchronize then waits for (gpu-sync-stall).
+         --engine-process: a service of two processes, shaped like vLLM's: this process (the
+         front end, demo-api) admits the requests and writes each one's arrival time down a
+         pipe to a child process (the engine, demo-engine) that owns the GPU, serves them and
+         logs them with its serving thread's id.
   hog:   large matmuls back to back: another process saturating the GPU (gpu-saturation).
 """
 import argparse
+import ctypes
 import json
+import os
+import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -33,7 +42,61 @@ def stalls(start_ns, end_ns, size, burst):
             time.sleep(0.2)
 
 
+def name_process(name):
+    # PR_SET_NAME: the comm the tracer shows for the process (its main thread).
+    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
+
+
+def front_end(args):
+    """Admits requests at the rate and passes each one's arrival time to the engine."""
+    name_process("demo-api")
+    argv = [a for a in sys.argv[1:] if a != "--engine-process"] + ["--from-stdin"]
+    engine = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__)] + argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=False,
+    )
+    if engine.stdout.readline().strip() != b"ready":
+        sys.exit("the engine process exited before it was ready")
+    print("ready", flush=True)
+    interval = 1e9 / args.rate
+    nxt = float(time.monotonic_ns())
+    end = nxt + args.duration * 1e9
+    while nxt < end:
+        now = time.monotonic_ns()
+        if now < nxt:
+            time.sleep((nxt - now) / 1e9)
+        engine.stdin.write(struct.pack("<Q", time.monotonic_ns()))
+        engine.stdin.flush()
+        nxt += interval
+    engine.stdin.close()
+    sys.exit(engine.wait())
+
+
+def arrivals(args, end):
+    """Each request's start: at the rate here, or as the front end passes them down."""
+    if args.from_stdin:
+        while True:
+            msg = sys.stdin.buffer.read(8)
+            if len(msg) < 8:
+                return
+            yield struct.unpack("<Q", msg)[0]
+    interval = 1e9 / args.rate
+    nxt = float(time.monotonic_ns())
+    while nxt < end:
+        now = time.monotonic_ns()
+        if now < nxt:
+            time.sleep((nxt - now) / 1e9)
+        yield time.monotonic_ns()
+        nxt += interval
+
+
 def serve(args):
+    if args.engine_process:
+        return front_end(args)
+    if args.from_stdin:
+        name_process("demo-engine")
     torch.manual_seed(0)
     blocks = []
     for _ in range(args.layers):
@@ -54,19 +117,12 @@ def serve(args):
         ).start()
     print("ready", flush=True)
     tid = threading.get_native_id()
-    interval = 1e9 / args.rate
-    nxt = float(time.monotonic_ns())
     spans = []
     with torch.inference_mode():
-        while nxt < end:
-            now = time.monotonic_ns()
-            if now < nxt:
-                time.sleep((nxt - now) / 1e9)
-            start = time.monotonic_ns()
+        for start in arrivals(args, end):
             model(x)
             torch.cuda.synchronize()
             spans.append((start, time.monotonic_ns()))
-            nxt += interval
     with open(args.log, "w") as log:
         log.write('{"clock": "monotonic"}\n')
         for s, e in spans:
@@ -95,6 +151,8 @@ def main():
     p.add_argument("--stall-after", type=float, default=None)
     p.add_argument("--burst", type=int, default=20, help="matmuls per stall burst")
     p.add_argument("--log", default="/dev/null")
+    p.add_argument("--engine-process", action="store_true")
+    p.add_argument("--from-stdin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     serve(args) if args.mode == "serve" else hog(args)
 

@@ -3,6 +3,10 @@
 //! do a fixed amount of work on it. Every request passes through two marker functions the
 //! tracer can probe (`tracer_request_start` on admission, `tracer_request_end` on completion,
 //! both taking the request id), and can be logged on CLOCK_MONOTONIC as well.
+//!
+//! With `--engine-process` it is a service of two processes, shaped like vLLM's: this process
+//! (the front end, `demo-api`) admits the requests and passes each down a pipe to a child
+//! process (the engine, `demo-engine`) whose workers serve them and which marks and logs them.
 
 use std::{
     collections::VecDeque,
@@ -48,6 +52,16 @@ pub struct WorkloadArgs {
     /// {"clock": "monotonic"} line (the format `--latencies` reads).
     #[arg(long)]
     pub latency_log: Option<PathBuf>,
+    /// Serve from a child process: this one admits the requests and hands them to an engine
+    /// process down a pipe, as an API server hands them to its engine core.
+    #[arg(long)]
+    pub engine_process: bool,
+    /// With --engine-process: the front end's CPUs (--cpus is then the engine's).
+    #[arg(long, value_delimiter = ',')]
+    pub front_end_cpus: Vec<usize>,
+    /// Be the engine: read requests (id, admission time) from stdin until it closes.
+    #[arg(long, hide = true)]
+    pub engine: bool,
 }
 
 /// The last request admitted and completed. Storing them gives the two marker functions
@@ -113,7 +127,14 @@ pub fn set_affinity(tid: u32, cpus: &[usize]) -> Result<()> {
 }
 
 pub fn run(args: WorkloadArgs) -> Result<()> {
-    set_thread_name("demo-server");
+    if args.engine_process {
+        return front_end(&args);
+    }
+    set_thread_name(if args.engine {
+        "demo-engine"
+    } else {
+        "demo-server"
+    });
     if !args.cpus.is_empty() {
         // Threads created from here on inherit the affinity.
         set_affinity(0, &args.cpus)?;
@@ -133,21 +154,7 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
                 .context("spawning a worker")
         })
         .collect::<Result<_>>()?;
-
-    let interval_ns = 1_000_000_000 / u64::from(args.rate.max(1));
-    let end = monotonic_ns() + args.duration.as_nanos() as u64;
-    let mut next = monotonic_ns();
-    let mut id = 0u64;
-    while next < end {
-        let now = monotonic_ns();
-        if now < next {
-            thread::sleep(Duration::from_nanos(next - now));
-        }
-        id += 1;
-        // The request is admitted now, whenever the dispatcher got to it: that is what a
-        // server sees, and what the marker records.
-        tracer_request_start(id);
-        let admitted = monotonic_ns();
+    let enqueue = |id: u64, admitted: u64| {
         queue
             .pending
             .lock()
@@ -155,7 +162,25 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
             .0
             .push_back((id, admitted));
         queue.ready.notify_one();
-        next += interval_ns;
+    };
+    if args.engine {
+        // The front end admitted each request; the engine marks it when it gets it.
+        let mut input = std::io::stdin().lock();
+        let mut msg = [0u8; 16];
+        while std::io::Read::read_exact(&mut input, &mut msg).is_ok() {
+            let id = u64::from_le_bytes(msg[..8].try_into().expect("8 bytes"));
+            let admitted = u64::from_le_bytes(msg[8..].try_into().expect("8 bytes"));
+            tracer_request_start(id);
+            enqueue(id, admitted);
+        }
+    } else {
+        admit(&args, |id, admitted| {
+            // The request is admitted now, whenever the dispatcher got to it: that is what a
+            // server sees, and what the marker records.
+            tracer_request_start(id);
+            enqueue(id, admitted);
+            Ok(())
+        })?;
     }
     queue.pending.lock().expect("queue lock").1 = true;
     queue.ready.notify_all();
@@ -166,6 +191,70 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
     if let Some(path) = args.latency_log {
         write_log(&path, &spans)?;
     }
+    Ok(())
+}
+
+/// Admits requests at the steady rate for the duration: `each(id, admission time)`.
+fn admit(args: &WorkloadArgs, mut each: impl FnMut(u64, u64) -> Result<()>) -> Result<()> {
+    let interval_ns = 1_000_000_000 / u64::from(args.rate.max(1));
+    let end = monotonic_ns() + args.duration.as_nanos() as u64;
+    let mut next = monotonic_ns();
+    let mut id = 0u64;
+    while next < end {
+        let now = monotonic_ns();
+        if now < next {
+            thread::sleep(Duration::from_nanos(next - now));
+        }
+        id += 1;
+        each(id, monotonic_ns())?;
+        next += interval_ns;
+    }
+    Ok(())
+}
+
+/// The front end of a two-process service: starts the engine (this binary, `--engine`, with
+/// the serving arguments), admits the requests and writes each to the engine's stdin.
+fn front_end(args: &WorkloadArgs) -> Result<()> {
+    use std::process::{Command, Stdio};
+    set_thread_name("demo-api");
+    if !args.front_end_cpus.is_empty() {
+        set_affinity(0, &args.front_end_cpus)?;
+    }
+    let exe = std::env::current_exe().context("locating the tracer binary")?;
+    let mut engine_args = vec![
+        "workload".to_string(),
+        "--engine".into(),
+        format!("--workers={}", args.workers),
+        format!("--work-us={}", args.work_us),
+        format!("--working-set-kib={}", args.working_set_kib),
+        format!("--duration={}ms", args.duration.as_millis()),
+    ];
+    if !args.cpus.is_empty() {
+        let cpus: Vec<String> = args.cpus.iter().map(ToString::to_string).collect();
+        engine_args.push(format!("--cpus={}", cpus.join(",")));
+    }
+    if let Some(log) = &args.latency_log {
+        engine_args.push(format!("--latency-log={}", log.display()));
+    }
+    // The engine dies with the front end, as a child of the demo must.
+    let mut engine = super::die_with_parent(&mut Command::new(exe))
+        .args(&engine_args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("starting the engine process")?;
+    let mut pipe = engine.stdin.take().expect("piped");
+    let admitted = admit(args, |id, at| {
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&id.to_le_bytes());
+        msg[8..].copy_from_slice(&at.to_le_bytes());
+        pipe.write_all(&msg)
+            .context("passing a request to the engine")
+    });
+    // Closing the pipe tells the engine that no more requests come.
+    drop(pipe);
+    let status = engine.wait().context("waiting for the engine")?;
+    admitted?;
+    anyhow::ensure!(status.success(), "the engine process failed: {status}");
     Ok(())
 }
 

@@ -43,18 +43,7 @@ impl Drop for Reaped {
     }
 }
 
-/// Makes a demo child die with the demo, even one that ends without unwinding (a signal after
-/// the window exits at once, signals.rs): the disturbances are CPU hogs.
-pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
-    use std::os::unix::process::CommandExt as _;
-    // SAFETY: prctl is async-signal-safe and touches only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        })
-    }
-}
+pub use crate::workload::die_with_parent;
 
 pub fn spawn_self(args: &[String]) -> Result<Reaped> {
     let exe = std::env::current_exe().context("locating the tracer binary")?;
@@ -100,6 +89,9 @@ pub struct DemoPart {
     pub expected_mechanism: Option<&'static str>,
     /// The verdict matched it.
     pub correct: bool,
+    /// In the two-process scenarios: the engine process, where the cause must be found to act
+    /// (the demo attaches by the front end's PID, as a user would).
+    pub engine_pid: Option<u32>,
     /// The server's own latency log, before the disturbance and during the recording.
     pub latency_baseline: Option<LatencyStats>,
     pub latency_recorded: Option<LatencyStats>,
@@ -126,11 +118,13 @@ pub struct Outcome {
     pub part: DemoPart,
 }
 
-/// The verdict set against the scenario; `own`: the processes the scenario started.
+/// The verdict set against the scenario; `own`: the processes the scenario started;
+/// `engine`: the process the cause must act in.
 pub fn outcome(
     scenario: Scenario,
     rec: Recording,
     own: &[u32],
+    engine: Option<u32>,
     latency_baseline: Option<LatencyStats>,
     latency_recorded: Option<LatencyStats>,
 ) -> Outcome {
@@ -142,7 +136,10 @@ pub fn outcome(
         .flatten()
         .filter(|n| {
             n.kind != crate::analysis::neighbours::NeighbourKind::Target
-                && !n.processes.iter().any(|p| own.contains(p))
+                && !n
+                    .processes
+                    .iter()
+                    .any(|p| own.contains(p) || Some(*p) == engine)
         })
         .map(|n| Interference {
             pid: n.processes.first().copied().unwrap_or(0),
@@ -155,7 +152,8 @@ pub fn outcome(
             scenario,
             expected_primary,
             expected_mechanism,
-            correct: scenario::check(scenario, verdict, pmu),
+            correct: scenario::check(scenario, verdict, pmu, engine),
+            engine_pid: engine,
             latency_baseline,
             latency_recorded,
             interference,
@@ -171,6 +169,20 @@ pub fn read_log(path: &std::path::Path) -> Result<Vec<RequestSpan>> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let set = crate::recording::requests::parse_latency_log(&text, 0, (0, u64::MAX))?;
     Ok(set.spans)
+}
+
+/// The engine child of a two-process server `pid`: its first child, waited for while it
+/// starts.
+pub fn engine_of(pid: u32) -> Result<u32> {
+    for _ in 0..100 {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = children.split_whitespace().find_map(|c| c.parse().ok()) {
+            return Ok(c);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    anyhow::bail!("the server (PID {pid}) started no engine process within 2 s")
 }
 
 #[cfg(test)]

@@ -52,11 +52,8 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         }
     };
     let (cpu, others) = cpu_plan();
-    if matches!(
-        args.scenario,
-        Scenario::MigrationStorm | Scenario::CfsThrottle
-    ) && others.is_empty()
-    {
+    let scenario = args.scenario.base();
+    if matches!(scenario, Scenario::MigrationStorm | Scenario::CfsThrottle) && others.is_empty() {
         anyhow::bail!(
             "the {} scenario needs at least two online CPUs",
             args.scenario.name()
@@ -74,13 +71,20 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     // and at most half the LLC, at a rate that leaves room for slower, cold-cache requests.
     // Under contention the worker gets a third of its CPU (two hogs beside it), so the rate
     // there leaves it keeping up on average: the tail is then the waiting, not a backlog.
-    let (working_set, rate) = match args.scenario {
+    let (working_set, rate) = match scenario {
         Scenario::CacheThrash => (cache_thrash_working_set(cpu as u32) >> 10, 200),
         Scenario::CpuContention => (0, 200),
         _ => (0, 300),
     };
     let started = monotonic_ns();
-    let server = spawn_self(&[
+    // A two-process service: the front end admits on another CPU (the engine's CPU is where
+    // the cause is injected), the engine on the server's.
+    let shape: Vec<String> = match (args.scenario.multiprocess(), others.first()) {
+        (false, _) => vec![],
+        (true, Some(o)) => vec!["--engine-process".into(), format!("--front-end-cpus={o}")],
+        (true, None) => vec!["--engine-process".into()],
+    };
+    let mut argv: Vec<String> = vec![
         "workload".into(),
         // One worker per CPU, as thread-per-core servers run: two on one CPU would make the
         // server its own contention.
@@ -91,7 +95,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         format!("--cpus={cpu}"),
         format!("--duration={}ms", total.as_millis()),
         format!("--latency-log={}", log.display()),
-    ])?;
+    ];
+    argv.extend(shape);
+    let server = spawn_self(&argv)?;
     let pid = server.0.id();
     say(format!(
         "scenario {}: a synthetic inference server (PID {pid}) on CPU {cpu}: a dispatcher and \
@@ -103,7 +109,17 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
             String::new()
         }
     ));
-    let limit = if args.scenario == Scenario::CfsThrottle {
+    let engine = if args.scenario.multiprocess() {
+        let e = super::common::engine_of(pid)?;
+        say(format!(
+            "the server is two processes: a front end (PID {pid}) admitting the requests, \
+             and an engine (PID {e}) serving them on CPU {cpu}; attached by the front end's PID"
+        ));
+        Some(e)
+    } else {
+        None
+    };
+    let limit = if scenario == Scenario::CfsThrottle {
         Some(CpuLimit::create(pid)?)
     } else {
         None
@@ -114,7 +130,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         "--duration={}ms",
         (args.duration + Duration::from_secs(1)).as_millis()
     );
-    let _disturbance = match args.scenario {
+    let _disturbance = match scenario {
         Scenario::Quiet => {
             say("nothing injected".into());
             None
@@ -195,9 +211,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
                 disturb_for,
             ])?)
         }
-        Scenario::GpuSaturation | Scenario::GpuSyncStall => {
-            unreachable!("GPU scenarios run in gpu.rs")
-        }
+        _ => unreachable!("GPU scenarios run in gpu.rs; base() is single-process"),
     };
     let target = Target::resolve(pid)?;
     let mut opts = args.record.session_options(Some(args.duration));
@@ -227,5 +241,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     // Skip the first half second: thread start-up is not the server's steady state.
     let baseline = latency_stats(&spans, started + 500_000_000, baseline_end);
     let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
-    Ok(outcome(args.scenario, rec, &own, baseline, recorded))
+    Ok(outcome(
+        args.scenario,
+        rec,
+        &own,
+        engine,
+        baseline,
+        recorded,
+    ))
 }

@@ -95,8 +95,21 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     if args.scenario == Scenario::GpuSyncStall {
         serve.push(format!("--stall-after={}", BASELINE.as_secs_f64()));
     }
+    if args.scenario.multiprocess() {
+        serve.push("--engine-process".into());
+    }
     let server = start(&script, &serve)?;
     let pid = server.0.id();
+    let engine = if args.scenario.multiprocess() {
+        let e = super::common::engine_of(pid)?;
+        say(format!(
+            "the server is two processes: front end PID {pid}, engine PID {e} (it owns the \
+             GPU); attached by the front end's"
+        ));
+        Some(e)
+    } else {
+        None
+    };
     let ready = monotonic_ns();
     say(format!(
         "scenario {}: a PyTorch inference server (PID {pid}): 100 requests/s, an 8-layer MLP \
@@ -105,7 +118,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ));
     std::thread::sleep(BASELINE);
     let baseline_end = monotonic_ns();
-    let _hog = match args.scenario {
+    let _hog = match args.scenario.base() {
         Scenario::GpuSaturation => {
             let d = format!(
                 "--duration={}",
@@ -145,5 +158,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     loaded?;
     let baseline = latency_stats(&spans, ready + 500_000_000, baseline_end);
     let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
-    Ok(outcome(args.scenario, rec, &own, baseline, recorded))
+    Ok(outcome(
+        args.scenario,
+        rec,
+        &own,
+        engine,
+        baseline,
+        recorded,
+    ))
 }

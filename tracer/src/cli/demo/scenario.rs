@@ -27,6 +27,15 @@ pub enum Scenario {
     /// A PyTorch server whose device-wide synchronize waits behind its own background GPU work
     /// (GPU machine). Expected: GPU saturation.
     GpuSyncStall,
+    /// A service of two processes (a front end admitting requests, an engine child serving
+    /// them), attached by the front end's PID, nothing injected. Expected: none.
+    MultiprocessQuiet,
+    /// The same service with CPU hogs on the engine's CPU. Expected: scheduling (run-queue
+    /// contention), acting in the engine.
+    MultiprocessCpuContention,
+    /// A PyTorch front end whose engine child owns the GPU, while another process saturates
+    /// it (GPU machine). Expected: GPU saturation, acting in the engine.
+    MultiprocessGpuSaturation,
 }
 
 impl Scenario {
@@ -39,17 +48,36 @@ impl Scenario {
             Self::CacheThrash => "cache-thrash",
             Self::GpuSaturation => "gpu-saturation",
             Self::GpuSyncStall => "gpu-sync-stall",
+            Self::MultiprocessQuiet => "multiprocess-quiet",
+            Self::MultiprocessCpuContention => "multiprocess-cpu-contention",
+            Self::MultiprocessGpuSaturation => "multiprocess-gpu-saturation",
         }
     }
 
     pub fn gpu(self) -> bool {
-        matches!(self, Self::GpuSaturation | Self::GpuSyncStall)
+        matches!(self.base(), Self::GpuSaturation | Self::GpuSyncStall)
+    }
+
+    /// The cause injected, whatever shape the server has.
+    pub fn base(self) -> Self {
+        match self {
+            Self::MultiprocessQuiet => Self::Quiet,
+            Self::MultiprocessCpuContention => Self::CpuContention,
+            Self::MultiprocessGpuSaturation => Self::GpuSaturation,
+            s => s,
+        }
+    }
+
+    /// The server is two processes, attached by the front end's PID; the cause acts in the
+    /// engine, which the verdict must name.
+    pub fn multiprocess(self) -> bool {
+        self != self.base()
     }
 
     /// The verdict this scenario must give: the primary cause, and the `mechanism_id` a major
     /// cause must have. `pmu`: LLC counters were available.
     pub fn expected(self, pmu: bool) -> (Primary, Option<&'static str>) {
-        match self {
+        match self.base() {
             Self::Quiet => (Primary::None, None),
             Self::CpuContention => (Primary::Scheduling, Some("run_queue_contention")),
             Self::CfsThrottle => (Primary::Scheduling, Some("cgroup_throttling")),
@@ -57,6 +85,7 @@ impl Scenario {
             Self::CacheThrash if pmu => (Primary::CacheThrash, Some("llc_misses")),
             Self::CacheThrash => (Primary::Unexplained, None),
             Self::GpuSaturation | Self::GpuSyncStall => (Primary::GpuSaturation, None),
+            _ => unreachable!("base() is a single-process scenario"),
         }
     }
 }
@@ -68,8 +97,9 @@ impl Scenario {
 pub const MECHANISM_SHARE_MIN: f64 = 0.25;
 
 /// Whether `v` is what `scenario` expects; without a PMU the cache thrash scenario must also
-/// list the cache counters as not assessed (a missing signal is never an absent cause).
-pub fn check(scenario: Scenario, v: &Verdict, pmu: bool) -> bool {
+/// list the cache counters as not assessed (a missing signal is never an absent cause). With
+/// `engine` (a two-process service), the first cause must act in that process.
+pub fn check(scenario: Scenario, v: &Verdict, pmu: bool, engine: Option<u32>) -> bool {
     let (primary, mechanism) = scenario.expected(pmu);
     let mechanism_ok = mechanism.is_none_or(|m| {
         v.causes
@@ -79,5 +109,10 @@ pub fn check(scenario: Scenario, v: &Verdict, pmu: bool) -> bool {
     let cache_ok = scenario != Scenario::CacheThrash
         || pmu
         || v.not_assessed.iter().any(|n| n.signal == "cache_misses");
-    v.primary == primary && mechanism_ok && cache_ok
+    let placed = engine.is_none_or(|e| {
+        v.causes
+            .first()
+            .is_none_or(|c| c.acts_in.as_ref().is_some_and(|a| a.pid == e))
+    });
+    v.primary == primary && mechanism_ok && cache_ok && placed
 }
