@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::recording::{
-    Recording,
+    CgroupRecording, Recording,
     cgroup::{CgroupSample, CgroupVersion, Throttling},
 };
 
@@ -37,6 +37,9 @@ pub struct LimitSummary {
 pub struct CgroupSummary {
     /// The target's cgroup directory.
     pub path: String,
+    /// The members in it when the recording started (empty: the target, in files from before
+    /// process trees).
+    pub pids: Vec<u32>,
     pub version: String,
     /// CPU quotas on the cgroup or its ancestors, as `cpus` (quota / period).
     pub limits_cpus: Vec<f64>,
@@ -79,8 +82,29 @@ fn sum(s: &[ThrottlePoint]) -> (u64, u64, u64) {
     })
 }
 
-pub fn summarize(rec: &Recording) -> Option<CgroupSummary> {
-    let c = rec.cgroup.as_ref()?;
+/// The cgroup the verdict reads (the members' most throttled one, else the first member's),
+/// and every cgroup of the members, the first member's first.
+pub fn summarize(rec: &Recording) -> (Option<CgroupSummary>, Vec<CgroupSummary>) {
+    let all: Vec<CgroupSummary> = rec
+        .cgroup
+        .iter()
+        .chain(&rec.other_cgroups)
+        .map(one)
+        .collect();
+    let judged = all
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, c)| {
+            (
+                c.throttled_ns.max(c.throttled_periods),
+                std::cmp::Reverse(*i),
+            )
+        })
+        .map(|(_, c)| c.clone());
+    (judged, all)
+}
+
+fn one(c: &CgroupRecording) -> CgroupSummary {
     let own = series(&c.samples, |s| s.throttling);
     let (own_periods, own_throttled, own_ns) = sum(&own);
     let mut limits = Vec::new();
@@ -113,8 +137,9 @@ pub fn summarize(rec: &Recording) -> Option<CgroupSummary> {
         Some(_) => sum(&series),
         None => (own_periods, own_throttled, own_ns),
     };
-    Some(CgroupSummary {
+    CgroupSummary {
         path: c.cgroup.path.display().to_string(),
+        pids: c.pids.clone(),
         version: match c.cgroup.version {
             CgroupVersion::V2 => "v2",
             CgroupVersion::Hybrid => "hybrid",
@@ -133,7 +158,7 @@ pub fn summarize(rec: &Recording) -> Option<CgroupSummary> {
             0.0
         },
         series,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +194,7 @@ mod tests {
             limited: vec![parent],
         };
         rec.cgroup = Some(CgroupRecording {
+            pids: vec![],
             cgroup: CpuCgroup {
                 version: CgroupVersion::V1,
                 path: "/sys/fs/cgroup/cpu/parent/child".into(),
@@ -181,12 +207,61 @@ mod tests {
                 sample(1, t(0, 0, 0), t(121, 31, 61_000)),
             ],
         });
-        let s = summarize(&rec).unwrap();
+        let s = summarize(&rec).0.unwrap();
         assert_eq!(s.throttled_by.as_deref(), Some("/parent"));
         assert_eq!(
             (s.periods, s.throttled_periods, s.throttled_ns),
             (21, 21, 60_000)
         );
         assert_eq!(s.limits[0].throttled_periods, 21);
+    }
+
+    #[test]
+    fn of_the_members_cgroups_the_throttled_one_is_judged() {
+        let mut rec = recording(vec![], vec![]);
+        let cg = |name: &str, pids: Vec<u32>, throttled: u64| CgroupRecording {
+            pids,
+            cgroup: CpuCgroup {
+                version: CgroupVersion::V2,
+                path: format!("/sys/fs/cgroup{name}").into(),
+                name: name.into(),
+                limits: vec![],
+                throttling: None,
+            },
+            samples: vec![
+                CgroupSample {
+                    t_ns: 0,
+                    throttling: t(0, 0, 0),
+                    limited: vec![],
+                },
+                CgroupSample {
+                    t_ns: 1,
+                    throttling: t(10, throttled, throttled * 1000),
+                    limited: vec![],
+                },
+            ],
+        };
+        rec.cgroup = Some(cg("/api", vec![100], 0));
+        rec.other_cgroups = vec![cg("/engine", vec![200, 201], 4), cg("/idle", vec![300], 0)];
+        let (judged, all) = summarize(&rec);
+        let judged = judged.unwrap();
+        assert_eq!(
+            (judged.path.as_str(), judged.throttled_periods),
+            ("/sys/fs/cgroup/engine", 4)
+        );
+        assert_eq!(judged.pids, vec![200, 201]);
+        let paths: Vec<&str> = all.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/sys/fs/cgroup/api",
+                "/sys/fs/cgroup/engine",
+                "/sys/fs/cgroup/idle"
+            ]
+        );
+        // None throttled: the first member's.
+        rec.other_cgroups.truncate(0);
+        rec.other_cgroups.push(cg("/idle", vec![300], 0));
+        assert_eq!(summarize(&rec).0.unwrap().path, "/sys/fs/cgroup/api");
     }
 }

@@ -58,8 +58,10 @@ pub struct GpuDeviceSummary {
     pub util_gpu_pct: Option<f64>,
     pub util_gpu_pct_max: Option<f64>,
     pub util_mem_pct: Option<f64>,
-    /// The target process's own SM utilization.
+    /// The target set's own SM utilization: its members' added up.
     pub target_sm_pct: Option<f64>,
+    /// Each member's own SM utilization (those NVML reported on this GPU), largest first.
+    pub member_sm: Vec<MemberSm>,
     pub sm_clock_mhz: Option<f64>,
     pub sm_clock_mhz_min: Option<u32>,
     pub mem_clock_mhz: Option<f64>,
@@ -74,6 +76,13 @@ pub struct GpuDeviceSummary {
     /// Averages over the window; null without GPM.
     pub gpm: Option<GpmSummary>,
     pub series: Vec<GpuPoint>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct MemberSm {
+    /// The member (`processes[].pid`; 0 in files from before process trees: the target).
+    pub pid: u32,
+    pub sm_pct: f64,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -128,7 +137,20 @@ fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDevice
     };
     let util = weighted_mean(&of_kind(UtilKind::Gpu), from, to);
     let util_mem = weighted_mean(&of_kind(UtilKind::Memory), from, to);
-    let target_sm = weighted_mean(&of_kind(UtilKind::ProcessSm), from, to);
+    let mut member_sm: Vec<MemberSm> = Vec::new();
+    let own = of_kind(UtilKind::ProcessSm);
+    let mut pids: Vec<u32> = own.iter().map(|s| s.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        let mine: Vec<&UtilSample> = own.iter().copied().filter(|s| s.pid == pid).collect();
+        if let Some((sm_pct, _)) = weighted_mean(&mine, from, to) {
+            member_sm.push(MemberSm { pid, sm_pct });
+        }
+    }
+    member_sm.sort_by(|a, b| b.sm_pct.total_cmp(&a.sm_pct));
+    let target_sm =
+        (!member_sm.is_empty()).then(|| member_sm.iter().map(|m| m.sm_pct).sum::<f64>());
     let n = polls.len().max(1) as f64;
     let clock_event_reasons = CLOCK_EVENT_REASONS
         .iter()
@@ -170,7 +192,8 @@ fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDevice
         util_mem_pct: util_mem
             .map(|u| u.0)
             .or_else(|| mean(polls.iter().map(|p| p.util_mem_pct))),
-        target_sm_pct: target_sm.map(|u| u.0),
+        target_sm_pct: target_sm,
+        member_sm,
         sm_clock_mhz: mean(polls.iter().map(|p| p.sm_clock_mhz)),
         sm_clock_mhz_min: polls.iter().filter_map(|p| p.sm_clock_mhz).min(),
         mem_clock_mhz: mean(polls.iter().map(|p| p.mem_clock_mhz)),
@@ -227,6 +250,7 @@ mod tests {
         UtilSample {
             device: 0,
             kind: UtilKind::Gpu,
+            pid: 0,
             start_ns: start,
             end_ns: end,
             pct,
@@ -289,5 +313,27 @@ mod tests {
         assert_eq!(d.series.len(), 3);
         // Polls outside the window are left out.
         assert_eq!(device_summary(&g, 0, 15, 25).series.len(), 1);
+    }
+
+    #[test]
+    fn the_sets_own_sm_is_its_members_added_up() {
+        let own = |pid, start, end, pct| UtilSample {
+            kind: UtilKind::ProcessSm,
+            pid,
+            ..s(start, end, pct)
+        };
+        let g = GpuRecording {
+            util_samples: vec![
+                s(0, 100, 90.0),
+                own(200, 0, 50, 40.0),
+                own(200, 50, 100, 20.0),
+                own(300, 0, 100, 10.0),
+            ],
+            ..Default::default()
+        };
+        let d = device_summary(&g, 0, 0, 100);
+        let per: Vec<(u32, f64)> = d.member_sm.iter().map(|m| (m.pid, m.sm_pct)).collect();
+        assert_eq!(per, vec![(200, 30.0), (300, 10.0)]);
+        assert_eq!(d.target_sm_pct, Some(40.0));
     }
 }

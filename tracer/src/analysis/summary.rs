@@ -65,8 +65,12 @@ pub struct Summary {
     pub counters: CountersSummary,
     /// NVML figures per GPU; null when no GPU was sampled (see `capabilities.gpu`).
     pub gpu: Option<GpuSummary>,
-    /// The target cgroup's CPU bandwidth throttling; null when its cpu.stat was not found.
+    /// The target cgroup's CPU bandwidth throttling (of the members' cgroups, the most
+    /// throttled, else the first member's); null when no cpu.stat was found.
     pub cgroup: Option<super::cgroup::CgroupSummary>,
+    /// Every distinct cgroup of the members, the first member's first, with which members
+    /// each holds.
+    pub cgroups: Vec<super::cgroup::CgroupSummary>,
     pub cuda: CudaSummary,
     /// The processes traced (the target set): the first given first, then their descendants
     /// and the processes forked during the window, with when each joined and left.
@@ -398,6 +402,7 @@ pub fn build(rec: &Recording) -> Summary {
         *slot += r.route.count;
     }
 
+    let (cgroup, cgroups) = super::cgroup::summarize(rec);
     let mut s = Summary {
         schema_version: SCHEMA_VERSION,
         tracer_version: rec.tracer_version.clone(),
@@ -423,7 +428,8 @@ pub fn build(rec: &Recording) -> Summary {
         totals,
         counters: counters_summary(rec),
         gpu: gpu_analysis::summarize(rec),
-        cgroup: super::cgroup::summarize(rec),
+        cgroup,
+        cgroups,
         cuda: cuda_summary(rec, &threads),
         processes: super::processes::summarize(rec),
         threads,

@@ -71,6 +71,7 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         cuda_launch_bins: Default::default(),
         requests: None,
         cgroup: None,
+        other_cgroups: vec![],
         host: Default::default(),
         incomplete: None,
         tracer_cost: None,

@@ -82,6 +82,10 @@ pub enum UtilKind {
 pub struct UtilSample {
     pub device: u32,
     pub kind: UtilKind,
+    /// For the per-process kinds: the member process (0 in files from before process trees,
+    /// where it was the target).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pid: u32,
     pub start_ns: u64,
     pub end_ns: u64,
     pub pct: f64,
@@ -118,9 +122,14 @@ pub struct GpuRecording {
 /// Turns driver samples (realtime µs, value) of one kind into intervals on the monotonic
 /// clock: each sample averages the time since the previous one. The first sample's interval
 /// is assumed to be as long as the median period.
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
 pub fn intervals(
     device: u32,
     kind: UtilKind,
+    pid: u32,
     mut samples: Vec<(u64, f64)>,
     clock: &ClockAlignment,
 ) -> Vec<UtilSample> {
@@ -142,6 +151,7 @@ pub fn intervals(
         out.push(UtilSample {
             device,
             kind,
+            pid,
             start_ns: clock.realtime_us_to_mono_ns(prev),
             end_ns: clock.realtime_us_to_mono_ns(ts),
             pct,
@@ -169,7 +179,7 @@ mod tests {
         let clock = ClockAlignment::default();
         // Out of order, with a duplicate: the driver may return overlapping batches.
         let samples = vec![(2_000, 50.0), (1_000, 40.0), (3_000, 60.0), (2_000, 50.0)];
-        let iv = intervals(0, UtilKind::Gpu, samples, &clock);
+        let iv = intervals(0, UtilKind::Gpu, 0, samples, &clock);
         assert_eq!(iv.len(), 3);
         assert_eq!(
             (iv[0].start_ns, iv[0].end_ns, iv[0].pct),
@@ -180,6 +190,6 @@ mod tests {
             (iv[2].start_ns, iv[2].end_ns, iv[2].pct),
             (2_000_000, 3_000_000, 60.0)
         );
-        assert!(intervals(0, UtilKind::Gpu, vec![], &clock).is_empty());
+        assert!(intervals(0, UtilKind::Gpu, 0, vec![], &clock).is_empty());
     }
 }

@@ -185,8 +185,11 @@ pub struct Recording {
     pub counter_bins: CounterBins,
     /// NVML samples, when a GPU could be sampled.
     pub gpu: Option<GpuRecording>,
-    /// The target cgroup's CPU bandwidth throttling over the window.
+    /// The target cgroup's CPU bandwidth throttling over the window (the first member's).
     pub cgroup: Option<CgroupRecording>,
+    /// The same for each other cgroup the members were in, once each.
+    #[serde(default)]
+    pub other_cgroups: Vec<CgroupRecording>,
     /// The machine and the tracer invocation.
     pub host: HostMeta,
     /// Set when this recording was recovered from an incomplete trace file: what is missing.
@@ -282,6 +285,10 @@ pub struct HostMeta {
 pub struct CgroupRecording {
     pub cgroup: cgroup::CpuCgroup,
     pub samples: Vec<cgroup::CgroupSample>,
+    /// The members in it when the recording started (empty in files from before process
+    /// trees: the target).
+    #[serde(default)]
+    pub pids: Vec<u32>,
 }
 
 /// Raw timeline records: the events in time order (`Collector::finish_into` sorts them), the

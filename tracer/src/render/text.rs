@@ -110,7 +110,13 @@ pub fn render(r: &Report) -> String {
         t.migrations_cross_llc,
         t.migrations_cross_numa
     );
-    if let Some(c) = &s.cgroup {
+    // Each cgroup of the members (files from before process trees list only the target's).
+    let cgroups: Vec<_> = if s.cgroups.is_empty() {
+        s.cgroup.iter().collect()
+    } else {
+        s.cgroups.iter().collect()
+    };
+    for c in cgroups {
         let quota = if c.limits_cpus.is_empty() {
             "no CPU quota".to_string()
         } else {
@@ -121,9 +127,15 @@ pub fn render(r: &Report) -> String {
             Some(b) if !c.path.ends_with(b) => format!(" (by the quota of {b})"),
             _ => String::new(),
         };
+        let holding = if s.cgroups.len() > 1 {
+            let pids: Vec<String> = c.pids.iter().map(|p| s.shown_id(*p)).collect();
+            format!(" (PID {})", pids.join(", "))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  cgroup {}: {quota}; throttled{by} in {} of {} periods ({}), {} in all",
+            "  cgroup {}{holding}: {quota}; throttled{by} in {} of {} periods ({}), {} in all",
             c.path,
             c.throttled_periods,
             c.periods,

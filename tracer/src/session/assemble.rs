@@ -36,7 +36,8 @@ pub struct Ended {
     pub finished: Reaped,
     pub gpu: Option<GpuRecording>,
     pub gpu_capability: Capability,
-    pub cgroup: Option<CgroupRecording>,
+    /// One per distinct cgroup of the members, the first member's first.
+    pub cgroups: Vec<CgroupRecording>,
     pub host: HostMeta,
     pub proc_counts: crate::recording::ProcWindow,
     /// The target's descendants as /proc showed them at the start and at the end.
@@ -195,6 +196,7 @@ pub fn recording(
     };
     let threads = assemble_threads(inputs, w.start, w.end);
     let forked = forked(probes)?;
+    let mut cgroups = w.cgroups.into_iter();
     let mut rec = Recording {
         tracer_version: env!("CARGO_PKG_VERSION").into(),
         target: target_meta(target),
@@ -225,7 +227,8 @@ pub fn recording(
         cuda_syncs: vec![],
         cuda_launch_bins: Default::default(),
         requests: None,
-        cgroup: w.cgroup,
+        cgroup: cgroups.next(),
+        other_cgroups: cgroups.collect(),
         host: w.host,
         incomplete: None,
         tracer_cost: None,

@@ -20,10 +20,10 @@ use crate::{
         records::{Record, encode, split},
     },
     sources::{
-        cgroup::ThrottleProbe,
+        cgroup::ThrottleSet,
         clock::monotonic_ns,
         ebpf::{ProbeOptions, Reaped, SchedProbes},
-        gpu::{GpuOptions, GpuSampler},
+        gpu::{GpuOptions, GpuSampler, Members},
         host,
         perf::{CounterChoice, PerfSet},
         privileges,
@@ -104,8 +104,9 @@ pub async fn record(
     attached: impl FnOnce() -> Result<()>,
 ) -> Result<Recording> {
     privileges::check()?;
-    // The first process given names the recording; the CUDA and marker uprobes, the GPU
-    // processes and the cgroup are still its own (issue 15 extends them to every member).
+    // The first process given names the recording; every source covers every member: the
+    // CUDA and marker uprobes (on each distinct library file), NVML's processes, and the
+    // throttling of each distinct cgroup.
     let target = targets.primary();
     // Open the output first: a path that cannot be written fails before anything is traced.
     let mut writer = opts
@@ -126,9 +127,13 @@ pub async fn record(
         &perf,
         timeline,
     )?;
+    // NVML numbers processes as this tool's namespace does; the forked ones join as the
+    // kernel side reports them (below, once a second).
+    let gpu_members = Members::new(targets.members.iter().map(|t| t.proc_pid));
+
     let sampler = match &opts.gpu {
         Some(g) => GpuSampler::start(
-            target.pid,
+            gpu_members.clone(),
             GpuOptions {
                 select: g.select.clone(),
                 interval: g.interval,
@@ -139,7 +144,13 @@ pub async fn record(
             reason: "GPU sampling turned off (--no-gpu)".into(),
         }),
     };
-    let throttle = ThrottleProbe::new(target.proc_pid);
+    let throttle = ThrottleSet::new(
+        &targets
+            .members
+            .iter()
+            .map(|t| (t.proc_pid, t.pid))
+            .collect::<Vec<_>>(),
+    );
     let exit_fd = exit_watch(target);
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -149,9 +160,10 @@ pub async fn record(
     // only account CUDA calls, which the window's edges do not cut.
     // /proc paths and uprobe PIDs are this tool's namespace's; the programs filter on the
     // kernel's TGID, set at load.
-    probes.attach_cuda(target.proc_pid)?;
+    let proc_pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
+    probes.attach_cuda(&proc_pids)?;
     if let Some(m) = &opts.probes.markers {
-        probes.attach_markers(target.proc_pid, m)?;
+        probes.attach_markers(&proc_pids, m)?;
     }
     // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already stand
     // for another process, which the programs (filtering on the number) must not record. A
@@ -219,8 +231,9 @@ pub async fn record(
     let mut tick = tokio::time::interval(TICK);
     let mut col = Collector::new(start, bin_ns, opts.keep_timeline);
     let mut finished = Reaped::default();
-    let mut throttling = Vec::new();
+    let mut throttling: Vec<Vec<_>> = vec![Vec::new(); throttle.0.len()];
     let mut target_exited_ns = None;
+    let mut ticks = 0u64;
     let end_reason = loop {
         let sleep = async {
             match deadline {
@@ -244,11 +257,18 @@ pub async fn record(
             _ = tick.tick() => {
                 drain(&mut probes, &mut col, &mut writer);
                 finished.extend(probes.reap_dead()?);
-                if let Some(s) = throttle.as_ref().and_then(|t| t.sample(monotonic_ns())) {
-                    if let Some(w) = writer.as_mut() {
+                ticks += 1;
+                if targets.follow && sampler.is_ok() && ticks.is_multiple_of(10) {
+                    gpu_members.add(probes.children()?.into_iter().map(|(pid, _)| pid));
+                }
+                let now = monotonic_ns();
+                for (i, (t, _)) in throttle.0.iter().enumerate() {
+                    let Some(s) = t.sample(now) else { continue };
+                    // The first member's cgroup is streamed for recovery.
+                    if let (0, Some(w)) = (i, writer.as_mut()) {
                         w.cgroup(s.clone());
                     }
-                    throttling.push(s);
+                    throttling[i].push(s);
                 }
                 if let (Ok(g), Some(w)) = (&sampler, writer.as_mut()) {
                     let polls: Vec<_> = g.polls.try_iter().collect();
@@ -296,8 +316,8 @@ pub async fn record(
             take(r, &mut col, &mut writer);
         }
     }
-    if let Some(s) = throttle.as_ref().and_then(|t| t.sample(end)) {
-        throttling.push(s);
+    for (i, (t, _)) in throttle.0.iter().enumerate() {
+        throttling[i].extend(t.sample(end));
     }
     drop(perf);
     let (gpu, gpu_capability) = match sampler {
@@ -317,10 +337,16 @@ pub async fn record(
         finished,
         gpu,
         gpu_capability,
-        cgroup: throttle.map(|t| CgroupRecording {
-            cgroup: t.cgroup,
-            samples: throttling,
-        }),
+        cgroups: throttle
+            .0
+            .into_iter()
+            .zip(throttling)
+            .map(|((t, pids), samples)| CgroupRecording {
+                cgroup: t.cgroup,
+                samples,
+                pids,
+            })
+            .collect(),
         host,
         proc_counts: crate::recording::ProcWindow {
             start: counts_start,

@@ -245,6 +245,32 @@ impl ThrottleProbe {
     }
 }
 
+/// One `ThrottleProbe` per distinct cgroup of the members, the first member's first, with the
+/// members in each.
+pub struct ThrottleSet(pub Vec<(ThrottleProbe, Vec<u32>)>);
+
+impl ThrottleSet {
+    /// `pids`: the members, as this tool's /proc numbers them, and as the kernel does.
+    pub fn new(pids: &[(u32, u32)]) -> Self {
+        let mut set: Vec<(ThrottleProbe, Vec<u32>)> = Vec::new();
+        for &(proc_pid, pid) in pids {
+            let Some(p) = ThrottleProbe::new(proc_pid) else {
+                continue;
+            };
+            match set.iter_mut().find(|(q, _)| q.cgroup.path == p.cgroup.path) {
+                Some((_, members)) => members.push(pid),
+                None => set.push((p, vec![pid])),
+            }
+        }
+        Self(set)
+    }
+
+    /// The first member's cgroup, which the trace file streams for recovery.
+    pub fn first(&self) -> Option<&ThrottleProbe> {
+        self.0.first().map(|(p, _)| p)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

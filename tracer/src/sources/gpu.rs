@@ -5,6 +5,7 @@
 //! through a measured realtime-to-monotonic offset.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -60,6 +61,25 @@ pub fn measure_clock_alignment() -> ClockAlignment {
     best
 }
 
+/// The target set's PIDs as the sampler matches NVML's processes against them: shared with
+/// the session, which adds the processes that join during the window.
+#[derive(Clone, Default)]
+pub struct Members(Arc<std::sync::Mutex<BTreeSet<u32>>>);
+
+impl Members {
+    pub fn new(pids: impl IntoIterator<Item = u32>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(pids.into_iter().collect())))
+    }
+
+    pub fn add(&self, pids: impl IntoIterator<Item = u32>) {
+        self.0.lock().expect("members lock").extend(pids);
+    }
+
+    fn get(&self) -> BTreeSet<u32> {
+        self.0.lock().expect("members lock").clone()
+    }
+}
+
 /// A running sampler. Dropping it without `finish` stops it too.
 pub struct GpuSampler {
     stop: Arc<AtomicBool>,
@@ -70,15 +90,16 @@ pub struct GpuSampler {
 }
 
 impl GpuSampler {
-    /// Starts sampling, or says why it cannot (no NVML, no GPU, no such GPU).
-    pub fn start(target_pid: u32, opts: GpuOptions) -> Result<Self, Capability> {
+    /// Starts sampling, or says why it cannot (no NVML, no GPU, no such GPU). `members`: the
+    /// target set's PIDs, which the session adds to as members join.
+    pub fn start(members: Members, opts: GpuOptions) -> Result<Self, Capability> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let (poll_tx, poll_rx) = mpsc::channel();
         let flag = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("tracer-nvml".into())
-            .spawn(move || sampler_thread(target_pid, opts, flag, ready_tx, poll_tx))
+            .spawn(move || sampler_thread(members, opts, flag, ready_tx, poll_tx))
             .map_err(|e| Capability {
                 available: false,
                 reason: format!("could not start the NVML sampler thread: {e}"),
@@ -129,7 +150,7 @@ impl Drop for GpuSampler {
 /// The devices to sample and why.
 fn select(
     nvml: &Nvml,
-    target_pid: u32,
+    members: &BTreeSet<u32>,
     want: Option<&str>,
 ) -> Result<(Vec<GpuDevice>, String), String> {
     let count = nvml
@@ -142,7 +163,7 @@ fn select(
         };
         let used = d
             .running_compute_processes()
-            .map(|ps| ps.iter().any(|p| p.pid == target_pid))
+            .map(|ps| ps.iter().any(|p| members.contains(&p.pid)))
             .unwrap_or(false);
         all.push(GpuDevice {
             index,
@@ -171,10 +192,13 @@ fn select(
     if used.is_empty() {
         Ok((
             all,
-            format!("PID {target_pid} holds no CUDA context yet: sampling every GPU"),
+            format!(
+                "{} holds no CUDA context yet: sampling every GPU",
+                who(members)
+            ),
         ))
     } else {
-        Ok((used, format!("the GPUs PID {target_pid} has a context on")))
+        Ok((used, format!("the GPUs {} has a context on", who(members))))
     }
 }
 
@@ -206,8 +230,9 @@ struct DeviceState<'n> {
     last_proc_us: u64,
     util: Vec<(u64, f64)>,
     mem: Vec<(u64, f64)>,
-    proc_sm: Vec<(u64, f64)>,
-    proc_mem: Vec<(u64, f64)>,
+    /// Each member's own utilization, by PID.
+    proc_sm: BTreeMap<u32, Vec<(u64, f64)>>,
+    proc_mem: BTreeMap<u32, Vec<(u64, f64)>>,
     gpm_prev: Option<GpmSample<'n>>,
 }
 
@@ -274,10 +299,18 @@ struct Extras {
     pcie: bool,
 }
 
+/// "PID 12", "the target set (3 processes)".
+fn who(members: &BTreeSet<u32>) -> String {
+    match members.len() {
+        1 => format!("PID {}", members.first().expect("one")),
+        n => format!("the target set ({n} processes)"),
+    }
+}
+
 fn poll(
     nvml: &Nvml,
     st: &mut DeviceState,
-    target_pid: u32,
+    members: &BTreeSet<u32>,
     extras: Extras,
     costs: &mut Costs,
 ) -> GpuPoll {
@@ -293,12 +326,16 @@ fn poll(
             })
             .ok()
             .and_then(|ps| {
-                ps.iter()
-                    .find(|p| p.pid == target_pid)
+                // The service's memory: its members' together.
+                let mine: Vec<u64> = ps
+                    .iter()
+                    .filter(|p| members.contains(&p.pid))
                     .map(|p| match p.used_gpu_memory {
                         UsedGpuMemory::Used(b) => b,
                         UsedGpuMemory::Unavailable => 0,
                     })
+                    .collect();
+                (!mine.is_empty()).then(|| mine.iter().sum())
             })
     } else {
         None
@@ -347,10 +384,13 @@ fn poll(
             d.process_utilization_stats(st.last_proc_us)
         });
         if let Ok(samples) = procs {
-            for s in samples.into_iter().filter(|s| s.pid == target_pid) {
+            for s in samples.into_iter().filter(|s| members.contains(&s.pid)) {
                 st.last_proc_us = st.last_proc_us.max(s.timestamp);
-                st.proc_sm.push((s.timestamp, s.sm_util as f64));
-                st.proc_mem.push((s.timestamp, s.mem_util as f64));
+                let at = |m: &mut BTreeMap<u32, Vec<(u64, f64)>>, v: u32| {
+                    m.entry(s.pid).or_default().push((s.timestamp, v as f64))
+                };
+                at(&mut st.proc_sm, s.sm_util);
+                at(&mut st.proc_mem, s.mem_util);
             }
         }
         p.gpm = gpm(nvml, st, costs);
@@ -386,7 +426,7 @@ const SLOW_EVERY: Duration = Duration::from_secs(1);
 const PCIE_EVERY: Duration = Duration::from_secs(5);
 
 fn sampler_thread(
-    target_pid: u32,
+    shared: Members,
     opts: GpuOptions,
     stop: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<String, String>>,
@@ -400,7 +440,8 @@ fn sampler_thread(
             return GpuRecording::default();
         }
     };
-    let (devices, selection) = match select(&nvml, target_pid, opts.select.as_deref()) {
+    let members = shared.get();
+    let (devices, selection) = match select(&nvml, &members, opts.select.as_deref()) {
         Ok(s) => s,
         Err(why) => {
             let _ = ready.send(Err(why));
@@ -427,8 +468,8 @@ fn sampler_thread(
                 last_proc_us: start_us,
                 util: vec![],
                 mem: vec![],
-                proc_sm: vec![],
-                proc_mem: vec![],
+                proc_sm: BTreeMap::new(),
+                proc_mem: BTreeMap::new(),
                 gpm_prev,
             })
         })
@@ -458,8 +499,9 @@ fn sampler_thread(
             slow: due(&mut last_slow, SLOW_EVERY, now),
             pcie: due(&mut last_pcie, PCIE_EVERY, now),
         };
+        let members = shared.get();
         for st in states.iter_mut() {
-            let p = poll(&nvml, st, target_pid, extras, &mut costs);
+            let p = poll(&nvml, st, &members, extras, &mut costs);
             let _ = stream.send(p.clone());
             polls.push(p);
         }
@@ -471,7 +513,7 @@ fn sampler_thread(
         pcie: false,
     };
     for st in states.iter_mut() {
-        polls.push(poll(&nvml, st, target_pid, last, &mut costs));
+        polls.push(poll(&nvml, st, &shared.get(), last, &mut costs));
     }
     let mut util_samples: Vec<UtilSample> = Vec::new();
     for st in states.iter_mut() {
@@ -479,10 +521,16 @@ fn sampler_thread(
         for (kind, samples) in [
             (UtilKind::Gpu, std::mem::take(&mut st.util)),
             (UtilKind::Memory, std::mem::take(&mut st.mem)),
+        ] {
+            util_samples.extend(intervals(idx, kind, 0, samples, &clock));
+        }
+        for (kind, per) in [
             (UtilKind::ProcessSm, std::mem::take(&mut st.proc_sm)),
             (UtilKind::ProcessMemory, std::mem::take(&mut st.proc_mem)),
         ] {
-            util_samples.extend(intervals(idx, kind, samples, &clock));
+            for (pid, samples) in per {
+                util_samples.extend(intervals(idx, kind, pid, samples, &clock));
+            }
         }
     }
     let gpm = devices.iter().any(|g| g.gpm_supported);

@@ -128,6 +128,7 @@ fn partial(
         cuda_launch_bins: Default::default(),
         requests: None,
         cgroup: None,
+        other_cgroups: vec![],
         host: meta.host.clone(),
         incomplete: Some(format!(
             "the trace file was not finished ({why}): per-thread totals are rebuilt from the \

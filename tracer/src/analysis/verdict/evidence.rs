@@ -43,8 +43,15 @@ pub fn throttle_evidence(s: &Summary) -> String {
         }
         _ => format!("cgroup {}", c.path),
     };
+    // In a service spread over cgroups, which members this one holds.
+    let holding = if s.cgroups.len() > 1 && !c.pids.is_empty() {
+        let pids: Vec<String> = c.pids.iter().map(|p| s.shown_id(*p)).collect();
+        format!(" (holding PID {})", pids.join(", "))
+    } else {
+        String::new()
+    };
     format!(
-        "{whose} throttled in {} of {} periods ({}){quota}",
+        "{whose}{holding} throttled in {} of {} periods ({}){quota}",
         c.throttled_periods,
         c.periods,
         ms(c.throttled_ns as f64)

@@ -239,6 +239,7 @@ fn with_gpu(rec: &mut Recording, util: f64) {
         util_samples: vec![UtilSample {
             device: 0,
             kind: UtilKind::Gpu,
+            pid: 0,
             start_ns: rec.start_ns,
             end_ns: rec.end_ns,
             pct: util,
@@ -258,6 +259,7 @@ fn throttled_cgroup(rec: &mut Recording) {
         limited: vec![],
     };
     rec.cgroup = Some(CgroupRecording {
+        pids: vec![],
         cgroup: CpuCgroup {
             version: CgroupVersion::V2,
             path: "/sys/fs/cgroup/server".into(),

@@ -61,20 +61,81 @@ fn not_available(reason: String) -> CudaAttach {
     }
 }
 
+/// The distinct files among each member's mapped library `prefix` (a file mapped by several
+/// members, or seen through several mount namespaces, once: by device and inode).
+fn distinct_libraries(pids: &[u32], prefix: &str) -> Vec<(PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for &pid in pids {
+        let Some((path, shown)) = find_library(pid, prefix) else {
+            continue;
+        };
+        let Ok(m) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !seen.contains(&(m.dev(), m.ino())) {
+            seen.push((m.dev(), m.ino()));
+            out.push((path, shown));
+        }
+    }
+    out
+}
+
+/// The host's libcuda.so.1, as the dynamic linker finds it: the library a member that
+/// initializes CUDA during the window will map (in this tool's mount namespace).
+fn host_libcuda() -> Option<(PathBuf, String)> {
+    let cache = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .ok();
+    let listed = cache.and_then(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.trim_start().starts_with("libcuda.so.1 "))
+            .filter_map(|l| l.rsplit("=> ").next().map(|p| p.trim().to_string()))
+            .find(|p| Path::new(p).exists())
+    });
+    let known = [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+    ];
+    listed
+        .or_else(|| {
+            known
+                .iter()
+                .find(|p| Path::new(p).exists())
+                .map(|p| p.to_string())
+        })
+        .map(|p| (PathBuf::from(&p), p))
+}
+
 /// Attaches the entry probe to every function in `CudaFn` that libcuda (driver API) or
-/// libcudart (runtime API) exports, and the return probe to the synchronizing ones. Probes
-/// fire for any process using the libraries (a per-process uprobe would only follow the thread
-/// it was opened on); the programs keep the target's threads only.
-pub fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<CudaAttach> {
-    let Some(driver) = find_libcuda(pid) else {
-        return Ok(not_available(format!(
-            "libcuda.so is not mapped in PID {pid}: it has not initialized CUDA (GPU waits are \
-             not measured)"
-        )));
-    };
+/// libcudart (runtime API) exports, and the return probe to the synchronizing ones, in each
+/// distinct library file the members (`pids`, this tool's numbering) have mapped. Probes fire
+/// for any process using the files (a per-process uprobe would only follow the thread it was
+/// opened on); the programs keep the target set's threads only, so a member that maps the
+/// same file later is covered. No member with CUDA yet: the host's libcuda, for one that
+/// initializes it during the window.
+pub fn attach(ebpf: &mut Ebpf, pids: &[u32]) -> Result<CudaAttach> {
+    let mut drivers = distinct_libraries(pids, "libcuda.so");
+    let later = drivers.is_empty();
+    if later {
+        match host_libcuda() {
+            Some(host) => drivers.push(host),
+            None => {
+                return Ok(not_available(format!(
+                    "libcuda.so is not mapped in {}, and the host has none (ldconfig -p): GPU \
+                     waits are not measured",
+                    members_named(pids)
+                )));
+            }
+        }
+    }
     // The runtime is a separate library in most builds (PyTorch's wheels included); where it is
     // linked statically, only the driver calls are seen.
-    let runtime = find_library(pid, "libcudart.so");
+    let runtimes = distinct_libraries(pids, "libcudart.so");
     for name in ["cuda_call_enter", "cuda_call_exit"] {
         let prog: &mut UProbe = ebpf
             .program_mut(name)
@@ -83,16 +144,20 @@ pub fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<CudaAttach> {
         prog.load().with_context(|| format!("loading {name}"))?;
     }
     let mut links = Vec::new();
-    let mut functions = Vec::new();
+    let mut functions: Vec<CudaFn> = Vec::new();
     let mut seen = Vec::new();
-    for (lib, is_runtime) in [(Some(&driver), false), (runtime.as_ref(), true)] {
-        let Some((path, shown)) = lib else { continue };
+    let libs = drivers
+        .iter()
+        .map(|l| (l, false))
+        .chain(runtimes.iter().map(|l| (l, true)));
+    for ((path, shown), is_runtime) in libs {
         let wanted: Vec<CudaFn> = CudaFn::ALL
             .into_iter()
             .filter(|f| f.runtime() == is_runtime)
             .collect();
         let names: Vec<&str> = wanted.iter().map(|f| f.symbol()).collect();
         let offsets = elf::symbol_offsets(path, &names)?;
+        let mut probed = Vec::new();
         for f in wanted {
             let Some(&offset) = offsets.get(f.symbol()) else {
                 continue;
@@ -115,13 +180,11 @@ pub fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<CudaAttach> {
                     .with_context(|| format!("uprobe on {shown}:{}", f.symbol()))?;
                 links.push(prog.take_link(id)?);
             }
-            functions.push(f);
+            if !functions.contains(&f) {
+                functions.push(f);
+            }
+            probed.push(f.symbol());
         }
-        let probed: Vec<&str> = functions
-            .iter()
-            .filter(|f| f.runtime() == is_runtime)
-            .map(|f| f.symbol())
-            .collect();
         seen.push(format!("{shown} ({})", probed.join(", ")));
     }
     if !functions.iter().any(|f| f.synchronizes()) {
@@ -134,12 +197,35 @@ pub fn attach(ebpf: &mut Ebpf, pid: u32) -> Result<CudaAttach> {
             functions,
         });
     }
+    let when = if later {
+        format!(
+            "; no member had initialized CUDA yet ({}), so the host's library is probed for \
+             one that does in the window",
+            members_named(pids)
+        )
+    } else {
+        String::new()
+    };
     Ok(CudaAttach {
         capability: Capability {
             available: true,
-            reason: format!("uprobes on {}", seen.join("; ")),
+            reason: format!("uprobes on {}{when}", seen.join("; ")),
         },
         links,
         functions,
     })
+}
+
+/// "PID 12", "any of PIDs 12, 13, 14".
+fn members_named(pids: &[u32]) -> String {
+    match pids {
+        [one] => format!("PID {one}"),
+        many => format!(
+            "any of PIDs {}",
+            many.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }

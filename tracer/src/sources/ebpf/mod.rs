@@ -369,18 +369,22 @@ impl SchedProbes {
         Ok(())
     }
 
-    /// Attaches the CUDA uprobes to the libcuda the target has mapped, if it has. Not having
-    /// it is not an error: `cuda` says why GPU waits are not measured.
-    pub fn attach_cuda(&mut self, pid: u32) -> Result<()> {
-        let a = cuda::attach(&mut self.ebpf, pid)?;
+    /// Attaches the CUDA uprobes to the libcuda files the members (`pids`) have mapped, or the
+    /// host's. Having none is not an error: `cuda` says why GPU waits are not measured.
+    pub fn attach_cuda(&mut self, pids: &[u32]) -> Result<()> {
+        let a = cuda::attach(&mut self.ebpf, pids)?;
         self.cuda_links = a.links;
         self.cuda = a.capability;
         Ok(())
     }
 
     /// Attaches the request-marker uprobe to the two functions of `markers`.
-    pub fn attach_markers(&mut self, pid: u32, markers: &requests::RequestMarkers) -> Result<()> {
-        self.marker_links = requests::attach(&mut self.ebpf, pid, markers)?;
+    pub fn attach_markers(
+        &mut self,
+        pids: &[u32],
+        markers: &requests::RequestMarkers,
+    ) -> Result<()> {
+        self.marker_links = requests::attach(&mut self.ebpf, pids, markers)?;
         Ok(())
     }
 

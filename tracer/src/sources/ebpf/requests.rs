@@ -48,9 +48,17 @@ pub struct RequestMarkers {
     pub id_arg: Option<u8>,
 }
 
-/// The file behind `binary` for `pid`: an absolute path is taken in the target's mount
-/// namespace; a bare name must be a file the target has mapped (its executable or a library).
-fn resolve(pid: u32, binary: &str) -> Result<PathBuf> {
+/// The file behind `binary` for the members `pids` (the first given first): an absolute path
+/// is taken in the first member's mount namespace; a bare name must be a file a member has
+/// mapped (its executable or a library).
+fn resolve(pids: &[u32], binary: &str) -> Result<PathBuf> {
+    let pid = pids.first().copied().context("no process to probe")?;
+    if let Some((p, _)) = (!binary.starts_with('/'))
+        .then(|| pids.iter().find_map(|&m| find_library(m, binary)))
+        .flatten()
+    {
+        return Ok(p);
+    }
     if binary.starts_with('/') {
         let p = PathBuf::from(format!("/proc/{pid}/root{binary}"));
         if !p.exists() {
@@ -58,15 +66,13 @@ fn resolve(pid: u32, binary: &str) -> Result<PathBuf> {
         }
         return Ok(p);
     }
-    find_library(pid, binary).map(|(p, _)| p).with_context(|| {
-        format!(
-            "PID {pid} has no file named {binary}* mapped (see /proc/{pid}/maps); give the \
-             absolute path of the executable or library that defines the marker functions"
-        )
-    })
+    bail!(
+        "no traced process has a file named {binary}* mapped (see /proc/{pid}/maps); give \
+         the absolute path of the executable or library that defines the marker functions"
+    )
 }
 
-pub fn attach(ebpf: &mut Ebpf, pid: u32, m: &RequestMarkers) -> Result<Vec<UProbeLink>> {
+pub fn attach(ebpf: &mut Ebpf, pids: &[u32], m: &RequestMarkers) -> Result<Vec<UProbeLink>> {
     let prog: &mut UProbe = ebpf
         .program_mut("request_marker")
         .context("program request_marker")?
@@ -77,7 +83,7 @@ pub fn attach(ebpf: &mut Ebpf, pid: u32, m: &RequestMarkers) -> Result<Vec<UProb
         (&m.start, REQUEST_START_COOKIE),
         (&m.end, REQUEST_END_COOKIE),
     ] {
-        let path = resolve(pid, &marker.binary)?;
+        let path = resolve(pids, &marker.binary)?;
         let offsets = elf::symbol_offsets(&path, &[marker.symbol.as_str()])?;
         let Some(&offset) = offsets.get(marker.symbol.as_str()) else {
             bail!(
