@@ -473,3 +473,14 @@ pub fn u(v: &serde_json::Value) -> u64 {
     v.as_u64()
         .unwrap_or_else(|| panic!("not an unsigned number: {v}"))
 }
+
+/// CLOCK_MONOTONIC now, in ns: the clock the tracer's timestamps are on.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

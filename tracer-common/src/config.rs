@@ -83,6 +83,13 @@ pub struct Config {
     /// 1: a process a member forks joins the target set at its fork (`TARGETS`), so a service's
     /// whole tree is traced; 0: it is only noted as an untraced child (`CHILDREN`).
     pub follow_children: u32,
+    /// `cgroup.kn`, `kernfs_node.id` (the cgroup's id, its directory's inode number),
+    /// `cgroup.root` and `cgroup_root.hierarchy_id`, from BTF: a process moved into a cgroup
+    /// of `TARGET_CGROUPS` joins the set (`--cgroup`, tp_btf only).
+    pub cgroup_kn_off: u32,
+    pub kernfs_id_off: u32,
+    pub cgroup_root_off: u32,
+    pub root_hierarchy_off: u32,
 }
 
 impl Config {
@@ -131,6 +138,10 @@ impl Config {
             exec_pid_off: 0,
             exec_old_pid_off: 0,
             follow_children: 0,
+            cgroup_kn_off: 0,
+            kernfs_id_off: 0,
+            cgroup_root_off: 0,
+            root_hierarchy_off: 0,
         }
     }
 }

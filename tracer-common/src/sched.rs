@@ -196,6 +196,8 @@ pub struct Preemptor {
 
 /// Processes the target started (and theirs), which its TGID filter does not trace.
 pub const MAX_CHILDREN: u32 = 4096;
+/// Cgroups `--cgroup` follows (the one given and its descendants).
+pub const MAX_TARGET_CGROUPS: u32 = 4096;
 
 /// One more than the highest PID a kernel gives (`PID_MAX_LIMIT`, include/linux/threads.h: 4M
 /// on 64-bit; /proc/sys/kernel/pid_max cannot be set higher): the target set has a bit for each.

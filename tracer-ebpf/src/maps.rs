@@ -7,9 +7,9 @@ use aya_ebpf::{
 };
 use tracer_common::{
     BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, ChildProcess, Config, Counter, CpuWait,
-    CudaThread, Event, MAX_CHILDREN, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_THREADS,
-    MigrationKey, Preemptor, TARGET_WORDS, THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters,
-    ThreadStats,
+    CudaThread, Event, MAX_CHILDREN, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_TARGET_CGROUPS,
+    MAX_THREADS, MigrationKey, Preemptor, TARGET_WORDS, THREAD_SLOTS as THREAD_SLOTS_DEFAULT,
+    ThreadCounters, ThreadStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -92,6 +92,12 @@ pub static PREEMPTORS: HashMap<u32, Preemptor> = HashMap::with_max_entries(MAX_P
 /// Processes the target forked, and theirs, keyed by their TGID (tracer-ebpf `on_fork`).
 #[map]
 pub static CHILDREN: HashMap<u32, ChildProcess> = HashMap::with_max_entries(MAX_CHILDREN, 0);
+
+/// The cgroups whose new processes join the set (`--cgroup`): each one's id (`kernfs_node.id`,
+/// its directory's inode number) with its hierarchy's id (ids are per hierarchy in v1; 0 is
+/// the unified one).
+#[map]
+pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_TARGET_CGROUPS, 0);
 
 /// Migration routes of target threads, with counts.
 #[map]

@@ -399,6 +399,30 @@ pub fn on_process_fork(child: u32, parent: u32, comm: Comm) -> bool {
     joins
 }
 
+/// A task moved into a cgroup (`id` in hierarchy `root`). A process whose leader moves into a
+/// cgroup of `TARGET_CGROUPS` joins the set, noted as a joined process with the time (its
+/// parent unknown here: 0). Its other threads move with it (cgroup.procs) and are members
+/// through their TGID; a lone thread moved (cgroup.threads, v1 `tasks`) is not followed.
+#[inline(always)]
+pub fn on_cgroup_attach(id: u64, root: u32, pid: u32, tgid: u32, comm: Comm) {
+    if pid != tgid || crate::maps::is_member(tgid) {
+        return;
+    }
+    match unsafe { crate::maps::TARGET_CGROUPS.get(&id) } {
+        Some(r) if *r == root => {}
+        _ => return,
+    }
+    crate::maps::set_member(tgid, true);
+    let mut c = ChildProcess {
+        parent: 0,
+        _pad: 0,
+        created_ns: unsafe { bpf_ktime_get_ns() },
+        comm: [0; COMM_LEN],
+    };
+    read_comm(&mut c.comm, comm);
+    let _ = CHILDREN.insert(tgid, c, 0);
+}
+
 #[inline(always)]
 fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) -> Event {
     Event {

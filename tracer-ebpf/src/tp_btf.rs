@@ -178,3 +178,19 @@ pub fn sched_process_exit_btf(_ctx: BtfTracePointContext) -> i32 {
     }
     0
 }
+
+/// cgroup_attach_task(struct cgroup *dst_cgrp, const char *path, struct task_struct *task,
+/// bool threadgroup): attached only with `--cgroup`.
+#[btf_tracepoint(function = "cgroup_attach_task")]
+pub fn cgroup_attach_btf(ctx: BtfTracePointContext) -> i32 {
+    let cgrp: *const u8 = ctx.arg(0);
+    let task: *const u8 = ctx.arg(2);
+    let kn = read_ptr(cgrp, config!(cgroup_kn_off));
+    // SAFETY: a typed BTF load at a constant offset, as in `read_u32`.
+    let id =
+        unsafe { core::ptr::read_volatile(kn.add(config!(kernfs_id_off) as usize) as *const u64) };
+    let root = read_ptr(cgrp, config!(cgroup_root_off));
+    let hierarchy = read_u32(root, config!(root_hierarchy_off));
+    sched::on_cgroup_attach(id, hierarchy, pid_of(task), tgid_of(task), comm_of(task));
+    0
+}

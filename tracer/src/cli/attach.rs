@@ -8,7 +8,7 @@ use clap::Args;
 use super::{args::RecordArgs, emit::print_recording};
 use crate::{
     session::{record, runtime},
-    sources::targets::Targets,
+    sources::{cgroup_target, targets::Targets},
 };
 
 #[derive(Debug, Args)]
@@ -18,11 +18,17 @@ pub struct AttachArgs {
     #[arg(
         long,
         short,
-        required = true,
+        required_unless_present = "cgroup",
         value_delimiter = ',',
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub pid: Vec<u32>,
+    /// Record every process in this cgroup and its descendant cgroups, and those that join
+    /// them during the recording: a container, a systemd unit, a Kubernetes pod. A cgroup v2
+    /// directory or a v1 one (/sys/fs/cgroup/cpu/...), or a path relative to the cgroup mount
+    /// (/system.slice/NAME.service). With -p, both.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_children")]
+    pub cgroup: Option<String>,
     /// How long to record (e.g. 10s, 500ms, 2m). Ctrl-C ends earlier and still reports.
     #[arg(long, short, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
@@ -32,7 +38,10 @@ pub struct AttachArgs {
 
 pub fn run(args: AttachArgs) -> Result<()> {
     args.record.check_inputs_and_outputs(false)?;
-    let targets = Targets::resolve(&args.pid, !args.record.no_children)?;
+    let targets = match &args.cgroup {
+        Some(path) => Targets::with_cgroup(&args.pid, cgroup_target::resolve(path)?)?,
+        None => Targets::resolve(&args.pid, !args.record.no_children)?,
+    };
     for target in &targets.members {
         if let Some(tid) = target.resolved_from_tid
             && !args.record.quiet

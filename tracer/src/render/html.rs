@@ -69,7 +69,19 @@ fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
     if timelines.is_empty() {
         return None;
     }
-    // The busiest threads first, as in the summary table.
+    // The busiest threads first, as in the summary table; in a service of several processes,
+    // grouped by process first (in the order of the processes block), each row led by its
+    // process's role.
+    let grouped = s.processes.len() > 1;
+    let process_of = |tid: u32| s.threads.iter().find(|t| t.tid == tid);
+    let rank = |tid: u32| {
+        let pid = process_of(tid).map_or(0, |t| t.pid);
+        s.processes
+            .iter()
+            .position(|p| p.pid == pid)
+            .filter(|_| grouped)
+            .unwrap_or(0)
+    };
     let mut rows: Vec<u32> = s
         .threads
         .iter()
@@ -77,20 +89,24 @@ fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
         .map(|t| t.tid)
         .collect();
     rows.sort_by_key(|tid| {
-        std::cmp::Reverse(
-            timelines[tid].total(State::Running) + timelines[tid].total(State::Runnable),
+        (
+            rank(*tid),
+            std::cmp::Reverse(
+                timelines[tid].total(State::Running) + timelines[tid].total(State::Runnable),
+            ),
         )
     });
     rows.truncate(MAX_THREAD_ROWS);
     let names: Vec<String> = rows
         .iter()
         .map(|tid| {
-            let comm = s
-                .threads
-                .iter()
-                .find(|t| t.tid == *tid)
-                .map_or("", |t| &t.comm);
-            format!("{tid} {comm}")
+            let t = process_of(*tid);
+            let comm = t.map_or("", |t| &t.comm);
+            let role = t
+                .and_then(|t| s.processes.iter().find(|p| p.pid == t.pid))
+                .filter(|_| grouped)
+                .map_or(String::new(), |p| format!("{} · ", p.role));
+            format!("{role}{tid} {comm}")
         })
         .collect();
     let dur = secs(rec, rec.end_ns).max(1e-9);

@@ -11,6 +11,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 mod assemble;
+mod cgroups;
 
 use crate::{
     recording::{
@@ -182,6 +183,10 @@ pub async fn record(
         .map(|t| t.pid)
         .collect();
     probes.remove_targets(&gone)?;
+    let mut cgroup_watch = match &targets.cgroup {
+        Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
+        None => None,
+    };
     let targets = &targets.without(&gone);
     let start = monotonic_ns();
     let cpu_at_start = process::own_usage().0;
@@ -219,7 +224,7 @@ pub async fn record(
         });
     }
     if opts.notices {
-        notices(target, opts, &probes, &perf, &sampler, initial.len());
+        notices(targets, opts, &probes, &perf, &sampler, initial.len());
         if let Some(w) = &writer {
             eprintln!("tracer: writing {}", w.temp().display());
         }
@@ -258,8 +263,13 @@ pub async fn record(
                 drain(&mut probes, &mut col, &mut writer);
                 finished.extend(probes.reap_dead()?);
                 ticks += 1;
-                if targets.follow && sampler.is_ok() && ticks.is_multiple_of(10) {
-                    gpu_members.add(probes.children()?.into_iter().map(|(pid, _)| pid));
+                if ticks.is_multiple_of(10) {
+                    if let Some(w) = cgroup_watch.as_mut() {
+                        gpu_members.add(w.poll(&mut probes)?);
+                    }
+                    if targets.follow && sampler.is_ok() {
+                        gpu_members.add(probes.children()?.into_iter().map(|(pid, _)| pid));
+                    }
                 }
                 let now = monotonic_ns();
                 for (i, (t, _)) in throttle.0.iter().enumerate() {
@@ -409,7 +419,7 @@ fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &Sch
 }
 
 fn notices(
-    target: &Target,
+    targets: &Targets,
     opts: &SessionOptions,
     probes: &SchedProbes,
     perf: &PerfSet,
@@ -440,6 +450,7 @@ fn notices(
             slot_name(*slot)
         );
     }
+    let target = targets.primary();
     let until = match opts.duration {
         Some(d) => format!("for {}", crate::units::given(d)),
         None => "until it exits".to_string(),
@@ -449,8 +460,32 @@ fn notices(
     } else {
         String::new()
     };
+    // Which processes: the first, and how many more, with their PIDs (at most 8 listed).
+    let more = &targets.members[1..];
+    let others = match more.len() {
+        0 => String::new(),
+        n => {
+            let mut pids: Vec<String> = more
+                .iter()
+                .take(8)
+                .map(|m| m.proc_pid.to_string())
+                .collect();
+            if n > 8 {
+                pids.push("...".into());
+            }
+            format!(
+                " and {n} more process{} (PID {})",
+                if n == 1 { "" } else { "es" },
+                pids.join(", ")
+            )
+        }
+    };
+    let cgroup = targets.cgroup.as_ref().map_or(String::new(), |c| {
+        format!(", in cgroup {} and those that join it", c.dir.display())
+    });
     eprintln!(
-        "tracer: recording PID {} ({}{host}, {threads} threads) {until}; Ctrl-C stops early and still reports",
+        "tracer: recording PID {} ({}{host}){others}{cgroup}, {threads} threads, {until}; Ctrl-C \
+         stops early and still reports",
         target.proc_pid,
         crate::recording::printable(&target.comm),
     );

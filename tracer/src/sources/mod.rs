@@ -2,6 +2,7 @@
 //! hands plain data to the session.
 
 pub mod cgroup;
+pub mod cgroup_target;
 pub mod clock;
 pub mod ebpf;
 pub mod gpu;

@@ -322,6 +322,17 @@ impl Target {
 /// The name of any task (a process's is its leader's), for naming preemptors' processes. From
 /// /proc/PID/comm: the process's stat file would cost in proportion to its threads, as the
 /// kernel adds up every thread's CPU time and faults for it (fs/proc/array.c `do_task_stat`).
+/// The thread IDs of process `pid` now (empty when it is gone).
+pub fn task_ids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn comm_of(pid: u32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
     let name = raw.strip_suffix(b"\n").unwrap_or(&raw);

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::process::{Target, descendants, process_stat};
+use super::{
+    cgroup_target::CgroupTarget,
+    process::{Target, descendants, process_stat},
+};
 use crate::{
     error::TracerError,
     recording::{
@@ -25,6 +28,8 @@ pub struct Targets {
     /// Descendants join: those alive now (listed here) and those forked in the window (by
     /// the kernel side).
     pub follow: bool,
+    /// `--cgroup`: its processes are members, and those that join it during the window.
+    pub cgroup: Option<CgroupTarget>,
 }
 
 impl Targets {
@@ -34,6 +39,7 @@ impl Targets {
             members: vec![target],
             given: 1,
             follow,
+            cgroup: None,
         };
         if follow {
             t.add_descendants();
@@ -56,10 +62,41 @@ impl Targets {
             members,
             given,
             follow,
+            cgroup: None,
         };
         if follow {
             t.add_descendants();
         }
+        Ok(t)
+    }
+
+    /// The processes `pids` names, then every process in `cgroup` and its descendant cgroups
+    /// (lowest PID first: a service's first process), and their descendants; those that
+    /// join the cgroup during the window join the set too. None at all is an error.
+    pub fn with_cgroup(pids: &[u32], cgroup: CgroupTarget) -> Result<Self, TracerError> {
+        let mut t = Self::resolve(pids, true)?;
+        for pid in CgroupTarget::pids(&cgroup.dirs()) {
+            // One exiting as the cgroup is read is gone, not an error.
+            let Ok(m) = Target::resolve(pid) else {
+                continue;
+            };
+            if !t.members.iter().any(|x| x.pid == m.pid) {
+                t.members.push(m);
+            }
+        }
+        if t.members.is_empty() {
+            return Err(TracerError::Usage {
+                message: format!(
+                    "cgroup {} ({}) has no process now: start the service first (processes \
+                     that join it during the recording are traced, but the recording needs one \
+                     to start with), or give one with -p",
+                    cgroup.given,
+                    cgroup.dir.display()
+                ),
+            });
+        }
+        t.add_descendants();
+        t.cgroup = Some(cgroup);
         Ok(t)
     }
 
@@ -100,15 +137,22 @@ impl Targets {
             if out.iter().any(|p| p.pid == f.pid) {
                 continue;
             }
-            let cmdline = self
-                .primary()
-                .proc_pid_of(f.pid)
+            let proc_pid = self.primary().proc_pid_of(f.pid);
+            let cmdline = proc_pid
                 .and_then(|p| procfs::process::Process::new(p as i32).ok())
                 .and_then(|p| p.cmdline().ok())
                 .unwrap_or_default();
+            // One that joined by moving into a followed cgroup: its parent from /proc.
+            let ppid = match f.parent {
+                0 => proc_pid
+                    .and_then(process_stat)
+                    .and_then(|s| self.primary().host_tid(s.0))
+                    .unwrap_or(0),
+                p => p,
+            };
             out.push(ProcessRecord {
                 pid: f.pid,
-                ppid: f.parent,
+                ppid,
                 comm: f.comm.clone(),
                 cmdline,
                 given: false,

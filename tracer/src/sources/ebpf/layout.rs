@@ -29,6 +29,9 @@ pub struct TaskOffsets {
     /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`.
     pub counts: Option<(u32, u32, u32)>,
     pub real_parent: Option<u32>,
+    /// From a `struct cgroup` to its id and its hierarchy's: `cgroup.kn`, `kernfs_node.id`,
+    /// `cgroup.root`, `cgroup_root.hierarchy_id` (for `--cgroup`).
+    pub cgroup: Option<[u32; 4]>,
 }
 
 /// What a recording says about where its wakeup times come from.
@@ -85,6 +88,15 @@ impl TaskOffsets {
             rq_clock,
             counts,
             real_parent: at(&["real_parent"]).ok(),
+            cgroup: (|| {
+                let cgroup = btf.struct_id("cgroup").ok()?;
+                Some([
+                    btf.member_offset(cgroup, &["kn"])?,
+                    btf.member_offset(btf.struct_id("kernfs_node").ok()?, &["id"])?,
+                    btf.member_offset(cgroup, &["root"])?,
+                    btf.member_offset(btf.struct_id("cgroup_root").ok()?, &["hierarchy_id"])?,
+                ])
+            })(),
         })
     }
 
@@ -94,6 +106,12 @@ impl TaskOffsets {
         config.task_comm_off = self.comm;
         config.task_cpu_off = self.cpu;
         config.task_real_parent_off = self.real_parent.unwrap_or(0);
+        if let Some([kn, id, root, hierarchy]) = self.cgroup {
+            config.cgroup_kn_off = kn;
+            config.kernfs_id_off = id;
+            config.cgroup_root_off = root;
+            config.root_hierarchy_off = hierarchy;
+        }
         if let Some((exec, nvcsw, nivcsw)) = self.counts {
             config.task_counts = 1;
             config.task_exec_off = exec;

@@ -61,6 +61,8 @@ const BTF_PROGRAMS: [(&str, &str); 7] = [
     ("sched_process_exec_btf", "sched_process_exec"),
     ("sched_process_exit_btf", "sched_process_exit"),
 ];
+/// A process moved into a followed cgroup joins the set (`--cgroup`; attached only then).
+const CGROUP_PROGRAM: (&str, &str) = ("cgroup_attach_btf", "cgroup_attach_task");
 /// Classic order: thread creation first, so that the TID filter seeded next misses no thread,
 /// then as for tp_btf.
 const CLASSIC_PROGRAMS: [(&str, &str, &str); 7] = [
@@ -129,6 +131,10 @@ pub struct SchedProbes {
     slots: slots::ThreadSlots,
     /// Calls of `reap_dead` so far.
     reaps: u64,
+    /// `--cgroup`: the cgroup-attach program is attached with the others (tp_btf, where the
+    /// kernel's BTF gave the cgroup offsets).
+    follow_cgroups: bool,
+    cgroup_offsets: bool,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -185,6 +191,74 @@ fn mark_targets(ebpf: &mut aya::Ebpf, tgids: &[u32], on: bool) -> Result<()> {
 }
 
 impl SchedProbes {
+    /// Follows the cgroups `ids` (id, hierarchy id): a process moved into one during the window
+    /// joins the set, from the kernel side where it can (tp_btf with the cgroup offsets; says
+    /// whether it can), else only as `join` adds it.
+    pub fn follow_cgroups(&mut self, ids: &[(u64, u32)]) -> Result<bool> {
+        self.add_cgroups(ids)?;
+        self.follow_cgroups = true;
+        Ok(self.mode == ProbeMode::TpBtf && self.cgroup_offsets)
+    }
+
+    /// Adds cgroups to those followed (a descendant created during the window).
+    pub fn add_cgroups(&mut self, ids: &[(u64, u32)]) -> Result<()> {
+        let mut map: HashMap<_, u64, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("TARGET_CGROUPS")
+                .context("TARGET_CGROUPS map")?,
+        )?;
+        for &(id, hierarchy) in ids {
+            map.insert(id, hierarchy, 0).with_context(|| {
+                format!(
+                    "following cgroup {id}: more than {} cgroups",
+                    tracer_common::MAX_TARGET_CGROUPS
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Adds a process found in a followed cgroup to the set, noted as joined now (the kernel
+    /// side notes those it sees move in the same way). False: it was a member already.
+    pub fn join(&mut self, pid: u32, comm: &str) -> Result<bool> {
+        let set: aya::maps::Array<_, u64> =
+            aya::maps::Array::try_from(self.ebpf.map("TARGETS").context("TARGETS map")?)?;
+        if pid >= tracer_common::PID_LIMIT
+            || set.get(&(pid >> 6), 0).context("reading the target set")? & (1 << (pid & 63)) != 0
+        {
+            return Ok(false);
+        }
+        mark_targets(&mut self.ebpf, &[pid], true)?;
+        if self.mode == ProbeMode::Classic {
+            // The classic programs know a switching task by its TID.
+            let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
+                self.ebpf
+                    .map_mut("TARGET_TIDS")
+                    .context("TARGET_TIDS map")?,
+            )?;
+            for tid in crate::sources::process::task_ids(pid) {
+                let _ = tids.insert(tid, pid, 0);
+            }
+        }
+        let mut c = tracer_common::ChildProcess {
+            parent: 0,
+            _pad: 0,
+            created_ns: crate::sources::clock::monotonic_ns(),
+            comm: [0; tracer_common::COMM_LEN],
+        };
+        for (d, b) in c
+            .comm
+            .iter_mut()
+            .zip(comm.bytes().take(tracer_common::COMM_LEN - 1))
+        {
+            *d = b;
+        }
+        let mut children: HashMap<_, u32, tracer_common::ChildProcess> =
+            HashMap::try_from(self.ebpf.map_mut("CHILDREN").context("CHILDREN map")?)?;
+        children.insert(pid, c, 0)?;
+        Ok(true)
+    }
+
     /// Takes processes out of the target set before anything is attached (nothing writes the
     /// set but the programs, which are not attached yet).
     pub fn remove_targets(&mut self, tgids: &[u32]) -> Result<()> {
@@ -317,6 +391,8 @@ impl SchedProbes {
             marker_links: Vec::new(),
             slots,
             reaps: 0,
+            follow_cgroups: false,
+            cgroup_offsets: config.cgroup_kn_off != 0,
         })
     }
 
@@ -336,6 +412,15 @@ impl SchedProbes {
                         .with_context(|| format!("program {name}"))?
                         .try_into()?;
                     let id = prog.attach().with_context(|| format!("attaching {name}"))?;
+                    self.links.push(Link::Btf(prog.take_link(id)?));
+                }
+                if self.follow_cgroups && self.cgroup_offsets {
+                    let prog: &mut BtfTracePoint = self
+                        .ebpf
+                        .program_mut(CGROUP_PROGRAM.0)
+                        .context("program cgroup_attach_btf")?
+                        .try_into()?;
+                    let id = prog.attach().context("attaching cgroup_attach_task")?;
                     self.links.push(Link::Btf(prog.take_link(id)?));
                 }
             }
@@ -460,7 +545,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
     match mode {
         ProbeMode::TpBtf => {
             let btf = btf.context("BTF")?;
-            for (name, tracepoint) in BTF_PROGRAMS {
+            for (name, tracepoint) in BTF_PROGRAMS.into_iter().chain([CGROUP_PROGRAM]) {
                 let prog: &mut BtfTracePoint = ebpf
                     .program_mut(name)
                     .with_context(|| format!("program {name}"))?
