@@ -408,7 +408,7 @@ pub fn on_cgroup_attach(id: u64, root: u32, pid: u32, tgid: u32, comm: Comm) {
     if pid != tgid || crate::maps::is_member(tgid) {
         return;
     }
-    match unsafe { crate::maps::TARGET_CGROUPS.get(&id) } {
+    match unsafe { crate::maps::TARGET_CGROUPS.get(id) } {
         Some(r) if *r == root => {}
         _ => return,
     }
