@@ -146,15 +146,23 @@ fn a_cgroup_is_traced_with_the_process_moved_into_it_counted_from_the_move() {
     assert!(out.status.success(), "{}", out.stderr);
     let doc = out.json();
     let procs = doc["processes"].as_array().expect("processes[]");
-    let pids: Vec<u64> = procs.iter().map(|p| u(&p["pid"])).collect();
+    // Neither was given: they are listed busiest first, and both worked alike.
+    let mut pids: Vec<u64> = procs.iter().map(|p| u(&p["pid"])).collect();
+    pids.sort_unstable();
+    let mut want = vec![u64::from(first.pid()), u64::from(late.pid())];
+    want.sort_unstable();
     assert_eq!(
         pids,
-        vec![u64::from(first.pid()), u64::from(late.pid())],
+        want,
         "the cgroup's processes and no other (PID {} stayed outside)",
         outside.pid()
     );
-    assert!(procs[0]["joined_ns"].is_null(), "in it from the start");
-    let joined = u(&procs[1]["joined_ns"]);
+    let of = |pid: u32| procs.iter().find(|p| p["pid"] == pid).expect("listed");
+    assert!(
+        of(first.pid())["joined_ns"].is_null(),
+        "in it from the start"
+    );
+    let joined = u(&of(late.pid())["joined_ns"]);
     assert!(
         joined >= moved_at && joined < moved_at + 50_000_000,
         "joined at the move: {joined} vs {moved_at}"

@@ -130,7 +130,28 @@ impl Ctx {
     /// A sleeping process, and `tracer attach` on it from the observer CPU: every event the
     /// tracer sees takes its early exit. The caller kills the sleeper.
     fn attach_unrelated(&self) -> Result<(Child, Command)> {
-        let sleeper = Command::new("sleep").arg("3600").spawn()?;
+        self.attach_sleeping_tree(1)
+    }
+
+    /// The same with a target set of `n` processes: a shell and the `n - 1` sleepers it forked,
+    /// attached by the shell's PID (the tree follows). The caller kills the shell's group.
+    fn attach_sleeping_tree(&self, n: usize) -> Result<(Child, Command)> {
+        use std::os::unix::process::CommandExt as _;
+        let script = format!("for i in $(seq {}); do sleep 3600 & done; wait", n - 1);
+        let sleeper = if n == 1 {
+            Command::new("sleep").arg("3600").spawn()?
+        } else {
+            let c = Command::new("sh")
+                .args(["-c", &script])
+                .process_group(0)
+                .spawn()?;
+            // The tree is whole before the tracer lists it.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while count_children(c.id()) < n - 1 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            c
+        };
         let mut c = self.observer(&self.tracer);
         c.args(["attach", "--pid", &sleeper.id().to_string()])
             .args(["--duration", "1h", "--json"]);
@@ -143,6 +164,20 @@ impl Ctx {
         c.args(["-c", &self.cpus.observer]).arg(program);
         c
     }
+}
+
+/// The children of `pid` now.
+fn count_children(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map_or(0, |c| c.split_whitespace().count())
+}
+
+/// Kills a process and its group (a sleeping tree's shell and its sleepers).
+fn kill_group(mut c: Child) {
+    // SAFETY: kill(2) on the group the child leads; ESRCH when it leads none.
+    unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+    let _ = c.kill();
+    let _ = c.wait();
 }
 
 /// One timed run.

@@ -75,6 +75,32 @@ fn delta(a: &Snapshot, b: &Snapshot) -> Value {
     Value::Array(progs)
 }
 
+/// Rounds of the early-exit statistics, each with one process and with a tree.
+const STATS_ROUNDS: usize = 5;
+/// The target set's size in the tree case (issue 15: at most 10 ns more than one process).
+const TREE_PROCESSES: usize = 20;
+
+/// Per program, the median of the rounds' ns/run (and their runs added up).
+fn median_runs(rounds: &[Value]) -> Value {
+    let mut per: BTreeMap<String, (u64, Vec<f64>)> = BTreeMap::new();
+    for r in rounds {
+        for p in r.as_array().into_iter().flatten() {
+            let e = per
+                .entry(p["program"].as_str().unwrap_or("?").into())
+                .or_default();
+            e.0 += p["runs"].as_u64().unwrap_or(0);
+            e.1.push(f(&p["ns_per_run"]));
+        }
+    }
+    Value::Array(
+        per.into_iter()
+            .map(|(name, (runs, ns))| {
+                json!({"program": name, "runs": runs, "ns_per_run": median(ns), "rounds": rounds.len()})
+            })
+            .collect(),
+    )
+}
+
 /// BPF run statistics of the tracer's programs while the benchmark runs: on a sleeping
 /// target (every event takes the early exit) and on the benchmark itself (the switches on its
 /// CPU are target events).
@@ -101,10 +127,19 @@ pub fn bpf_run_stats(ctx: &Ctx, expected: Duration) -> Result<Value> {
         status?;
         Ok(delta(&a, &b))
     };
-    let (mut sleeper, c) = ctx.attach_unrelated()?;
-    let unrelated = around_bench(c, "tracer: recording");
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    // On sleeping targets, one process and a tree of 20, in interleaved rounds: the early
+    // exit's cost must not grow with the set (the kernel side tests one bit of a bitmap).
+    let (mut one, mut twenty) = (Vec::new(), Vec::new());
+    for _ in 0..STATS_ROUNDS {
+        for (n, out) in [(1, &mut one), (TREE_PROCESSES, &mut twenty)] {
+            let (sleeper, c) = ctx.attach_sleeping_tree(n)?;
+            let d = around_bench(c, "tracer: recording");
+            super::kill_group(sleeper);
+            out.push(d?);
+        }
+    }
+    let unrelated = median_runs(&one);
+    let unrelated_tree = median_runs(&twenty);
 
     // The empty programs: the run statistics' own cost (two clock reads per run) and the
     // entry into any program, to subtract from the figures above.
@@ -128,7 +163,8 @@ pub fn bpf_run_stats(ctx: &Ctx, expected: Duration) -> Result<Value> {
     let _ = obs.wait();
     Ok(json!({
         "empty_programs": floor?,
-        "unrelated_pid": unrelated?,
+        "unrelated_pid": unrelated,
+        "unrelated_pid_20_processes": unrelated_tree,
         "on_the_benchmark": delta(&a, &b),
     }))
 }
@@ -249,7 +285,24 @@ pub fn report(
         .iter()
         .map(|t| f(&t["target_switches_per_s"]))
         .fold(0.0, f64::max);
+    // The early exit with a 20-process set against one process: the context switch program,
+    // the one every switch of the machine runs.
+    let switch_ns = |case: &str| {
+        stats[case]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| {
+                p["program"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("sched_switch"))
+            })
+            .map_or(f64::NAN, |p| f(&p["ns_per_run"]))
+    };
+    let tree_extra = switch_ns("unrelated_pid_20_processes") - switch_ns("unrelated_pid");
     let targets = json!([
+        {"target": "early exit (sched_switch), 20-process set: <= 10 ns/run above a 1-process set (medians of 5 rounds)",
+         "value": nan_null(tree_extra), "limit": 10.0, "met": tree_extra <= 10.0},
         {"target": "unrelated PID: median slowdown < 1 %", "value": unrelated, "met": unrelated < 0.01},
         {"target": "unrelated PID, above the floor (empty programs on the same tracepoints): < 1 %",
          "value": unrelated - floor, "met": unrelated - floor < 0.01},
