@@ -78,6 +78,37 @@ fn synchronizing_calls_are_timed_and_launches_counted() {
 }
 
 #[test]
+fn a_library_mapped_during_the_window_is_probed_from_then_on() {
+    let _guard = serial();
+    require_root();
+    let lib = fake_libcuda();
+    let mut load = Testload::spawn(&["cuda-late", lib.to_str().unwrap()]);
+    load.settle();
+    let pid = load.pid.to_string();
+    let tracer = Tracer::start(&["attach", "--pid", &pid, "--duration", "60s", "--json"]);
+    load.send("open");
+    load.expect("opened");
+    // The tracer reads its members' maps once a second: two passes, with room to spare.
+    std::thread::sleep(Duration::from_millis(2500));
+    load.send("go");
+    let done = load.expect("done");
+    tracer.signal(libc::SIGINT);
+    let out = tracer.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let cap = &doc["capabilities"]["gpu"]["cuda"];
+    assert_eq!(cap["available"], true, "{cap}");
+    // Probed on the file the process mapped after the attach (not there before "open").
+    let reason = cap["reason"].as_str().unwrap();
+    assert!(reason.contains(lib.to_str().unwrap()), "{cap}");
+    let c = &thread_json(&doc, load.tids[1])["cuda"];
+    let measured = |k: &str| field(&done, k).parse::<u64>().unwrap();
+    assert_eq!(u(&c["launches"]), measured("launches"), "{c}");
+    assert_eq!(u(&c["sync_calls"]), measured("syncs"), "{c}");
+    let _ = std::fs::remove_dir_all(lib.parent().unwrap());
+}
+
+#[test]
 fn a_process_without_cuda_is_said_to_be_one() {
     let _guard = serial();
     require_root();

@@ -3,6 +3,7 @@
 //! the activity happens between "go" and "done".
 //!
 //! Usage: tracer-testload mixed THREADS | lifecycle | pinned CPU MILLIS | pingpong | cuda LIBRARY
+//! | cuda-late LIBRARY (loads it on an "open" line)
 //! Prints `ready pid=P tids=T1,T2,...`, then for each `go` line on stdin runs the scenario once
 //! and prints `done ...`. Exits at end of input.
 //!
@@ -86,6 +87,9 @@ type Launch = unsafe extern "C" fn(
 type SyncOn = unsafe extern "C" fn(*mut libc::c_void) -> i32;
 type Sync = unsafe extern "C" fn() -> i32;
 type Memcpy = unsafe extern "C" fn(*mut libc::c_void, u64, usize) -> i32;
+
+/// `cuda-late`: the stand-in, loaded on "open" (after the tracer attached).
+static LATE_CUDA: std::sync::OnceLock<FakeCuda> = std::sync::OnceLock::new();
 
 /// The stand-in libcuda (tests/fakecuda), loaded at run time as a real program loads libcuda.
 struct FakeCuda {
@@ -304,7 +308,7 @@ fn main() {
         "lifecycle" => 2,
         "pinned" => 2,
         "pingpong" => 2,
-        "cuda" => 1,
+        "cuda" | "cuda-late" => 1,
         other => panic!("unknown scenario {other}"),
     };
     let cuda =
@@ -340,6 +344,10 @@ fn main() {
                             let r = cuda.as_ref().expect("library").round();
                             *CUDA_ROUND.lock().unwrap() = Some(r);
                         }
+                        "cuda-late" => {
+                            let r = LATE_CUDA.get().expect("\"open\" first").round();
+                            *CUDA_ROUND.lock().unwrap() = Some(r);
+                        }
                         "lifecycle" if index == 0 => {
                             // Work, read its own counts, and exit at once inside the window:
                             // nothing that could block or wake another thread comes between
@@ -372,6 +380,12 @@ fn main() {
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
+        if line.trim() == "open" && scenario == "cuda-late" {
+            // The library loaded now, as a process initializes CUDA after start-up.
+            let _ = LATE_CUDA.set(FakeCuda::open(args.get(1).expect("cuda-late LIBRARY")));
+            say("opened");
+            continue;
+        }
         if line.trim() != "go" {
             continue;
         }

@@ -264,12 +264,7 @@ pub async fn record(
                 finished.extend(probes.reap_dead()?);
                 ticks += 1;
                 if ticks.is_multiple_of(10) {
-                    if let Some(w) = cgroup_watch.as_mut() {
-                        gpu_members.add(w.poll(&mut probes)?);
-                    }
-                    if targets.follow && sampler.is_ok() {
-                        gpu_members.add(probes.children()?.into_iter().map(|(pid, _)| pid));
-                    }
+                    members_joined(&mut probes, targets, &mut cgroup_watch, &gpu_members)?;
                 }
                 let now = monotonic_ns();
                 for (i, (t, _)) in throttle.0.iter().enumerate() {
@@ -489,6 +484,29 @@ fn notices(
         target.proc_pid,
         crate::recording::printable(&target.comm),
     );
+}
+
+/// Once a second: the processes that joined the set (forked, or moved into a followed cgroup)
+/// reach the sources that match processes themselves: NVML's per-process figures, and the
+/// CUDA probes, for a member that initialized CUDA from a library not probed yet.
+fn members_joined(
+    probes: &mut SchedProbes,
+    targets: &Targets,
+    cgroup_watch: &mut Option<cgroups::CgroupWatch>,
+    gpu_members: &Members,
+) -> Result<()> {
+    if let Some(w) = cgroup_watch.as_mut() {
+        w.poll(probes)?;
+    }
+    // The kernel's PIDs; this tool's /proc numbers them the same outside a PID namespace.
+    let mut pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
+    if targets.follow || targets.cgroup.is_some() {
+        let joined = probes.children()?.into_iter().map(|(pid, _)| pid);
+        pids.extend(joined.filter_map(|p| targets.primary().proc_pid_of(p)));
+    }
+    gpu_members.add(pids.iter().copied());
+    probes.poll_cuda(&pids)?;
+    Ok(())
 }
 
 /// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain

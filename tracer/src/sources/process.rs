@@ -32,6 +32,9 @@ pub struct Target {
     pub pidns: Option<Arc<PidNamespace>>,
     pub comm: String,
     pub cmdline: Vec<String>,
+    /// Its parent when it was resolved, in this tool's /proc numbering (0: unknown): read then,
+    /// because a process that exits in the window can no longer say.
+    pub ppid: u32,
     /// Set when the PID given was a thread of another process, which is traced instead.
     pub resolved_from_tid: Option<u32>,
     /// Its main thread has exited (a zombie) while other threads run on.
@@ -192,6 +195,7 @@ impl Target {
             pid: host_pid,
             proc_pid: tgid,
             pidns,
+            ppid: u32::try_from(stat.ppid).unwrap_or(0),
             comm: stat.comm,
             cmdline,
             resolved_from_tid: (tgid != pid).then_some(pid),
@@ -209,6 +213,7 @@ impl Target {
             pidns,
             comm: argv.first().cloned().unwrap_or_default(),
             cmdline: argv.to_vec(),
+            ppid: std::process::id(),
             resolved_from_tid: None,
             leader_exited: false,
             pidfd: open_pidfd(pid).ok().map(Arc::new),

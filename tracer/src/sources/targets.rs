@@ -124,9 +124,7 @@ impl Targets {
             .enumerate()
             .map(|(i, m)| ProcessRecord {
                 pid: m.pid,
-                ppid: process_stat(m.proc_pid)
-                    .and_then(|s| m.host_tid(s.0))
-                    .unwrap_or(0),
+                ppid: m.host_tid(m.ppid).filter(|_| m.ppid != 0).unwrap_or(0),
                 comm: m.comm.clone(),
                 cmdline: m.cmdline.clone(),
                 given: i < self.given,

@@ -2,7 +2,7 @@
 """The GPU workload of `tracer demo` (embedded in the tracer binary and written to a temporary
 file when a GPU scenario runs).
 
-  serve: a small inference server on PyTorch. Requests arrive at a steady rate (open loop);
+  serve: a small inference server on PyTorch (SIGINT ends it early, its log written). Requests arrive at a steady rate (open loop);
          each runs a forward pass of an MLP and waits for the GPU with torch.cuda.synchronize()
          (a device-wide synchronize, as many servers do before reading results back). Every
          request is logged as one JSON line on CLOCK_MONOTONIC with the serving thread's id: the
@@ -63,13 +63,16 @@ def front_end(args):
     interval = 1e9 / args.rate
     nxt = float(time.monotonic_ns())
     end = nxt + args.duration * 1e9
-    while nxt < end:
-        now = time.monotonic_ns()
-        if now < nxt:
-            time.sleep((nxt - now) / 1e9)
-        engine.stdin.write(struct.pack("<Q", time.monotonic_ns()))
-        engine.stdin.flush()
-        nxt += interval
+    try:
+        while nxt < end:
+            now = time.monotonic_ns()
+            if now < nxt:
+                time.sleep((nxt - now) / 1e9)
+            engine.stdin.write(struct.pack("<Q", time.monotonic_ns()))
+            engine.stdin.flush()
+            nxt += interval
+    except KeyboardInterrupt:
+        pass  # SIGINT: stop admitting; the engine finishes and writes its log
     engine.stdin.close()
     sys.exit(engine.wait())
 
@@ -118,11 +121,14 @@ def serve(args):
     print("ready", flush=True)
     tid = threading.get_native_id()
     spans = []
-    with torch.inference_mode():
-        for start in arrivals(args, end):
-            model(x)
-            torch.cuda.synchronize()
-            spans.append((start, time.monotonic_ns()))
+    try:
+        with torch.inference_mode():
+            for start in arrivals(args, end):
+                model(x)
+                torch.cuda.synchronize()
+                spans.append((start, time.monotonic_ns()))
+    except KeyboardInterrupt:
+        pass  # SIGINT: stop serving, and write the log
     with open(args.log, "w") as log:
         log.write('{"clock": "monotonic"}\n')
         for s, e in spans:

@@ -86,7 +86,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let script = dir.join("gpu_server.py");
     std::fs::write(&script, SCRIPT)?;
     let log = dir.join("requests.jsonl");
-    let total = BASELINE + args.duration + Duration::from_secs(2);
+    // Long enough for the baseline, the hog's start-up (CUDA initialization, seconds) and the
+    // recording; the server is stopped as soon as the recording ends.
+    let total = BASELINE + args.duration + Duration::from_secs(60);
     let mut serve = vec![
         "serve".to_string(),
         format!("--duration={}", total.as_secs_f64()),
@@ -150,6 +152,10 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ))?;
     let own = [pid, _hog.as_ref().map_or(0, |h| h.0.id())];
     drop(_hog);
+    // The recording is done: the server stops now (SIGINT), writing its latency log, rather
+    // than at the end of a duration that has to cover the hog's start-up too.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let mut server = server;
     let _ = server.0.wait();
     let loaded = load_latencies(&mut rec, &log);

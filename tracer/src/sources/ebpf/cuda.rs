@@ -42,46 +42,6 @@ pub fn find_libcuda(pid: u32) -> Option<(PathBuf, String)> {
     find_library(pid, "libcuda.so")
 }
 
-/// What attaching found and did.
-pub struct CudaAttach {
-    pub capability: Capability,
-    pub links: Vec<UProbeLink>,
-    /// The functions probed (the others are absent from the libraries).
-    pub functions: Vec<CudaFn>,
-}
-
-fn not_available(reason: String) -> CudaAttach {
-    CudaAttach {
-        capability: Capability {
-            available: false,
-            reason,
-        },
-        links: vec![],
-        functions: vec![],
-    }
-}
-
-/// The distinct files among each member's mapped library `prefix` (a file mapped by several
-/// members, or seen through several mount namespaces, once: by device and inode).
-fn distinct_libraries(pids: &[u32], prefix: &str) -> Vec<(PathBuf, String)> {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut seen = Vec::new();
-    let mut out = Vec::new();
-    for &pid in pids {
-        let Some((path, shown)) = find_library(pid, prefix) else {
-            continue;
-        };
-        let Ok(m) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if !seen.contains(&(m.dev(), m.ino())) {
-            seen.push((m.dev(), m.ino()));
-            out.push((path, shown));
-        }
-    }
-    out
-}
-
 /// The host's libcuda.so.1, as the dynamic linker finds it: the library a member that
 /// initializes CUDA during the window will map (in this tool's mount namespace).
 fn host_libcuda() -> Option<(PathBuf, String)> {
@@ -111,46 +71,47 @@ fn host_libcuda() -> Option<(PathBuf, String)> {
         .map(|p| (PathBuf::from(&p), p))
 }
 
-/// Attaches the entry probe to every function in `CudaFn` that libcuda (driver API) or
-/// libcudart (runtime API) exports, and the return probe to the synchronizing ones, in each
-/// distinct library file the members (`pids`, this tool's numbering) have mapped. Probes fire
-/// for any process using the files (a per-process uprobe would only follow the thread it was
-/// opened on); the programs keep the target set's threads only, so a member that maps the
-/// same file later is covered. No member with CUDA yet: the host's libcuda, for one that
-/// initializes it during the window.
-pub fn attach(ebpf: &mut Ebpf, pids: &[u32]) -> Result<CudaAttach> {
-    let mut drivers = distinct_libraries(pids, "libcuda.so");
-    let later = drivers.is_empty();
-    if later {
-        match host_libcuda() {
-            Some(host) => drivers.push(host),
-            None => {
-                return Ok(not_available(format!(
-                    "libcuda.so is not mapped in {}, and the host has none (ldconfig -p): GPU \
-                     waits are not measured",
-                    members_named(pids)
-                )));
-            }
+/// A library file, known by device and inode: the same file through a symlink, another mount
+/// namespace or another member is probed once.
+type FileId = (u64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The CUDA probes attached so far, and the files they are on.
+#[derive(Default)]
+pub struct CudaProbes {
+    pub links: Vec<UProbeLink>,
+    /// The functions probed (the others are absent from the libraries).
+    pub functions: Vec<CudaFn>,
+    files: Vec<FileId>,
+    /// Each file probed, in words: "PATH (function, ...)".
+    seen: Vec<String>,
+    /// Members whose libcuda is probed: their maps need no more reading.
+    done: std::collections::BTreeSet<u32>,
+    /// Why the probes cover what they cover, beyond the files listed.
+    note: String,
+}
+
+impl CudaProbes {
+    /// Attaches to every `CudaFn` the file exports (`is_runtime`: libcudart's), unless the
+    /// file is probed already. Returns whether it was new.
+    fn attach_file(
+        &mut self,
+        ebpf: &mut Ebpf,
+        path: &Path,
+        shown: &str,
+        is_runtime: bool,
+    ) -> Result<bool> {
+        let Some(id) = file_id(path) else {
+            return Ok(false);
+        };
+        if self.files.contains(&id) {
+            return Ok(false);
         }
-    }
-    // The runtime is a separate library in most builds (PyTorch's wheels included); where it is
-    // linked statically, only the driver calls are seen.
-    let runtimes = distinct_libraries(pids, "libcudart.so");
-    for name in ["cuda_call_enter", "cuda_call_exit"] {
-        let prog: &mut UProbe = ebpf
-            .program_mut(name)
-            .with_context(|| format!("program {name}"))?
-            .try_into()?;
-        prog.load().with_context(|| format!("loading {name}"))?;
-    }
-    let mut links = Vec::new();
-    let mut functions: Vec<CudaFn> = Vec::new();
-    let mut seen = Vec::new();
-    let libs = drivers
-        .iter()
-        .map(|l| (l, false))
-        .chain(runtimes.iter().map(|l| (l, true)));
-    for ((path, shown), is_runtime) in libs {
+        self.files.push(id);
         let wanted: Vec<CudaFn> = CudaFn::ALL
             .into_iter()
             .filter(|f| f.runtime() == is_runtime)
@@ -178,42 +139,104 @@ pub fn attach(ebpf: &mut Ebpf, pids: &[u32]) -> Result<CudaAttach> {
                 let id = prog
                     .attach(point, path, UProbeScope::AllProcesses)
                     .with_context(|| format!("uprobe on {shown}:{}", f.symbol()))?;
-                links.push(prog.take_link(id)?);
+                self.links.push(prog.take_link(id)?);
             }
-            if !functions.contains(&f) {
-                functions.push(f);
+            if !self.functions.contains(&f) {
+                self.functions.push(f);
             }
             probed.push(f.symbol());
         }
-        seen.push(format!("{shown} ({})", probed.join(", ")));
+        self.seen.push(format!("{shown} ({})", probed.join(", ")));
+        Ok(true)
     }
-    if !functions.iter().any(|f| f.synchronizes()) {
-        return Ok(CudaAttach {
-            capability: Capability {
+
+    /// Probes the CUDA libraries members `pids` (this tool's numbering) have mapped that are
+    /// not probed yet: a member that initializes CUDA during the window, from a runtime of
+    /// its own (a Python environment's libcudart), is covered from then on. Returns what was
+    /// added, in words.
+    pub fn add_mapped(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> Result<Vec<String>> {
+        let mut added = Vec::new();
+        for &pid in pids {
+            if self.done.contains(&pid) {
+                continue;
+            }
+            let runtime = find_library(pid, "libcudart.so");
+            let driver = find_libcuda(pid);
+            let mapped_driver = driver.is_some();
+            for (lib, is_runtime) in [(runtime, true), (driver, false)] {
+                let Some((path, shown)) = lib else { continue };
+                if self.attach_file(ebpf, &path, &shown, is_runtime)? {
+                    added.push(format!("{shown} (mapped by PID {pid})"));
+                }
+            }
+            // The runtime loads the driver: with the driver mapped, both are in.
+            if mapped_driver {
+                self.done.insert(pid);
+            }
+        }
+        Ok(added)
+    }
+
+    /// What the probes measure, or why they do not.
+    pub fn capability(&self) -> Capability {
+        if self.seen.is_empty() {
+            return Capability {
                 available: false,
-                reason: format!("no synchronizing CUDA call exported by {}", seen.join("; ")),
+                reason: self.note.clone(),
+            };
+        }
+        let available = self.functions.iter().any(|f| f.synchronizes());
+        Capability {
+            available,
+            reason: match available {
+                true => format!("uprobes on {}{}", self.seen.join("; "), self.note),
+                false => format!(
+                    "no synchronizing CUDA call exported by {}",
+                    self.seen.join("; ")
+                ),
             },
-            links,
-            functions,
-        });
+        }
     }
-    let when = if later {
-        format!(
-            "; no member had initialized CUDA yet ({}), so the host's library is probed for \
-             one that does in the window",
-            members_named(pids)
-        )
-    } else {
-        String::new()
-    };
-    Ok(CudaAttach {
-        capability: Capability {
-            available: true,
-            reason: format!("uprobes on {}{when}", seen.join("; ")),
-        },
-        links,
-        functions,
-    })
+}
+
+/// Loads the two CUDA programs and attaches them to every function in `CudaFn` that libcuda
+/// (driver API) or libcudart (runtime API) exports (the return probe on the synchronizing
+/// ones), in each distinct library file the members (`pids`, this tool's numbering) have
+/// mapped. Probes fire for any process using the files (a per-process uprobe would only
+/// follow the thread it was opened on); the programs keep the target set's threads only, so
+/// a member that maps the same file later is covered. With no member on CUDA yet, the host's
+/// libcuda is probed, for one that initializes it during the window (`add_mapped` adds the
+/// runtime it brings).
+pub fn attach(ebpf: &mut Ebpf, pids: &[u32]) -> Result<CudaProbes> {
+    for name in ["cuda_call_enter", "cuda_call_exit"] {
+        let prog: &mut UProbe = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name}"))?
+            .try_into()?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+    }
+    let mut probes = CudaProbes::default();
+    probes.add_mapped(ebpf, pids)?;
+    if probes.seen.is_empty() {
+        match host_libcuda() {
+            Some((path, shown)) => {
+                probes.attach_file(ebpf, &path, &shown, false)?;
+                probes.note = format!(
+                    "; no member had initialized CUDA yet ({}): the host's library is probed, \
+                     and a runtime library a member maps in the window is added when it does",
+                    members_named(pids)
+                );
+            }
+            None => {
+                probes.note = format!(
+                    "libcuda.so is not mapped in {}, and the host has none (ldconfig -p): GPU \
+                     waits are not measured",
+                    members_named(pids)
+                );
+            }
+        }
+    }
+    Ok(probes)
 }
 
 /// "PID 12", "any of PIDs 12, 13, 14".

@@ -124,7 +124,7 @@ pub struct SchedProbes {
     pub pmu: crate::recording::PmuCapability,
     pub counter_mask: u32,
     /// CUDA uprobes, and whether they could be attached.
-    cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
+    cuda_probes: cuda::CudaProbes,
     pub cuda: crate::recording::Capability,
     /// Request marker uprobes.
     marker_links: Vec<aya::programs::uprobe::UProbeLink>,
@@ -383,7 +383,7 @@ impl SchedProbes {
             fallback_reason,
             pmu: perf.pmu.clone(),
             counter_mask: perf.mask,
-            cuda_links: Vec::new(),
+            cuda_probes: Default::default(),
             cuda: crate::recording::Capability {
                 available: false,
                 reason: "CUDA probes not attached".into(),
@@ -457,10 +457,19 @@ impl SchedProbes {
     /// Attaches the CUDA uprobes to the libcuda files the members (`pids`) have mapped, or the
     /// host's. Having none is not an error: `cuda` says why GPU waits are not measured.
     pub fn attach_cuda(&mut self, pids: &[u32]) -> Result<()> {
-        let a = cuda::attach(&mut self.ebpf, pids)?;
-        self.cuda_links = a.links;
-        self.cuda = a.capability;
+        self.cuda_probes = cuda::attach(&mut self.ebpf, pids)?;
+        self.cuda = self.cuda_probes.capability();
         Ok(())
+    }
+
+    /// Probes the CUDA libraries members (`pids`, this tool's numbering) have mapped since:
+    /// a member that initialized CUDA in the window. Returns what was added, in words.
+    pub fn poll_cuda(&mut self, pids: &[u32]) -> Result<Vec<String>> {
+        let added = self.cuda_probes.add_mapped(&mut self.ebpf, pids)?;
+        if !added.is_empty() {
+            self.cuda = self.cuda_probes.capability();
+        }
+        Ok(added)
     }
 
     /// Attaches the request-marker uprobe to the two functions of `markers`.
@@ -484,7 +493,7 @@ impl SchedProbes {
     /// grace period (about 100 ms measured on the GPU machine, seconds for two dozen one after
     /// the other), so they are removed in parallel.
     pub fn detach_uprobes(&mut self) {
-        let mut links = std::mem::take(&mut self.cuda_links);
+        let mut links = std::mem::take(&mut self.cuda_probes.links);
         links.append(&mut self.marker_links);
         std::thread::scope(|s| {
             for link in links {
