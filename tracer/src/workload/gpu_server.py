@@ -11,9 +11,9 @@ file when a GPU scenario runs).
          starts queueing a burst of large matmuls on its own stream every 200 ms, which the
          serving thread's device-wide synchronize then waits for (gpu-sync-stall).
          --engine-process: a service of two processes, shaped like vLLM's: this process (the
-         front end, demo-api) admits the requests and writes each one's arrival time down a
-         pipe to a child process (the engine, demo-engine) that owns the GPU, serves them and
-         logs them with its serving thread's id.
+         front end, demo-api) admits the requests and passes each down a pipe to a child
+         process (the engine, demo-engine) that owns the GPU, serves them and logs them, from
+         when it takes each, with its serving thread's id.
   hog:   large matmuls back to back: another process saturating the GPU (gpu-saturation).
 """
 import argparse
@@ -80,11 +80,12 @@ def front_end(args):
 def arrivals(args, end):
     """Each request's start: at the rate here, or as the front end passes them down."""
     if args.from_stdin:
+        # A request starts when the engine takes it, as the single-process server's does: the
+        # hop from the front end is the front end's (its waker's) time, not the GPU's.
         while True:
-            msg = sys.stdin.buffer.read(8)
-            if len(msg) < 8:
+            if len(sys.stdin.buffer.read(8)) < 8:
                 return
-            yield struct.unpack("<Q", msg)[0]
+            yield time.monotonic_ns()
     interval = 1e9 / args.rate
     nxt = float(time.monotonic_ns())
     while nxt < end:
