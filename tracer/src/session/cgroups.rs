@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, path::PathBuf};
 
 use anyhow::Result;
 
-use crate::sources::{cgroup_target::CgroupTarget, ebpf::SchedProbes};
+use crate::sources::{cgroup_target::CgroupTarget, ebpf::SchedProbes, process};
 
 pub struct CgroupWatch {
     target: CgroupTarget,
@@ -41,7 +41,7 @@ impl CgroupWatch {
         let mut added = Vec::new();
         for pid in CgroupTarget::pids(&now) {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if probes.join(pid, comm.trim_end())? {
+            if probes.join(pid, comm.trim_end(), &process::task_ids(pid))? {
                 added.push(pid);
             }
         }

@@ -43,7 +43,7 @@ pub fn judge(s: &Summary) -> Verdict {
     let causes: Vec<Cause> = causes
         .into_iter()
         .map(|c| Cause {
-            acts_in: placement::place(s, &c.mechanism, basis),
+            acts_in: placement::place(s, &c.mechanism, basis == Basis::TailExcess),
             ..c
         })
         .collect();

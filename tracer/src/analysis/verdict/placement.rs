@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{mechanism::Mechanism, model::Basis};
+use super::mechanism::Mechanism;
 use crate::analysis::{
     requests::{Breakdown, RequestAnalysis},
     summary::{Summary, ThreadSummary},
@@ -36,13 +36,12 @@ impl std::fmt::Display for ActsIn {
 }
 
 /// The member whose threads bore most of `m`; none when no thread bore any of it.
-pub fn place(s: &Summary, m: &Mechanism, basis: Basis) -> Option<ActsIn> {
+/// `from_tail`: the shares are of the tail's excess (the verdict's basis).
+pub fn place(s: &Summary, m: &Mechanism, from_tail: bool) -> Option<ActsIn> {
     let mut per: BTreeMap<u32, f64> = BTreeMap::new();
     // With requests, the slow requests' own parts say where the excess went; the window's
     // totals are the fallback when those parts hold none of it.
-    if basis == Basis::TailExcess
-        && let Some(r) = &s.requests
-    {
+    if from_tail && let Some(r) = &s.requests {
         from_requests(s, r, m, &mut per);
     }
     if per.values().all(|v| *v <= 0.0) {

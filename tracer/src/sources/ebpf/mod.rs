@@ -219,8 +219,9 @@ impl SchedProbes {
     }
 
     /// Adds a process found in a followed cgroup to the set, noted as joined now (the kernel
-    /// side notes those it sees move in the same way). False: it was a member already.
-    pub fn join(&mut self, pid: u32, comm: &str) -> Result<bool> {
+    /// side notes those it sees move in the same way); `tids`: its threads, which the classic
+    /// programs know it by. False: it was a member already.
+    pub fn join(&mut self, pid: u32, comm: &str, tids: &[u32]) -> Result<bool> {
         let set: aya::maps::Array<_, u64> =
             aya::maps::Array::try_from(self.ebpf.map("TARGETS").context("TARGETS map")?)?;
         if pid >= tracer_common::PID_LIMIT
@@ -229,6 +230,7 @@ impl SchedProbes {
             return Ok(false);
         }
         mark_targets(&mut self.ebpf, &[pid], true)?;
+        let threads = tids;
         if self.mode == ProbeMode::Classic {
             // The classic programs know a switching task by its TID.
             let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
@@ -236,7 +238,7 @@ impl SchedProbes {
                     .map_mut("TARGET_TIDS")
                     .context("TARGET_TIDS map")?,
             )?;
-            for tid in crate::sources::process::task_ids(pid) {
+            for &tid in threads {
                 let _ = tids.insert(tid, pid, 0);
             }
         }
