@@ -280,8 +280,11 @@ pub enum Counter {
     ClockChecks = 7,
     /// Sum over those checks of the difference's error, in ns.
     ClockErrorNs = 8,
+    /// The map of joined processes was full: a process joined the set (it is traced) but its
+    /// fork or move is not noted (userspace lists it from its threads, without the time).
+    ChildMapFull = 9,
 }
-pub const COUNTER_SLOTS: u32 = 9;
+pub const COUNTER_SLOTS: u32 = 10;
 
 /// Index of the run-queue wait histogram slot for a wait of `ns` nanoseconds.
 #[inline(always)]

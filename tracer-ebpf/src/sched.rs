@@ -395,7 +395,10 @@ pub fn on_process_fork(child: u32, parent: u32, comm: Comm) -> bool {
         comm: [0; COMM_LEN],
     };
     read_comm(&mut c.comm, comm);
-    let _ = CHILDREN.insert(child, c, BPF_NOEXIST);
+    // -E2BIG: the map is full (an entry already there, -EEXIST, is a fork seen twice).
+    if CHILDREN.insert(child, c, BPF_NOEXIST) == Err(-7) {
+        count(Counter::ChildMapFull);
+    }
     joins
 }
 
@@ -420,7 +423,9 @@ pub fn on_cgroup_attach(id: u64, root: u32, pid: u32, tgid: u32, comm: Comm) {
         comm: [0; COMM_LEN],
     };
     read_comm(&mut c.comm, comm);
-    let _ = CHILDREN.insert(tgid, c, 0);
+    if CHILDREN.insert(tgid, c, 0).is_err() {
+        count(Counter::ChildMapFull);
+    }
 }
 
 #[inline(always)]

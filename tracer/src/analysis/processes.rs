@@ -21,6 +21,8 @@ pub struct ProcessSummary {
     pub role: String,
     /// Named on the command line (not brought in as a descendant).
     pub given: bool,
+    /// Its CPU cgroup (the v2 path, or the v1 cpu controller's), when known.
+    pub cgroup: Option<String>,
     /// When it was forked, if inside the window (null: it was there at the start).
     pub joined_ns: Option<u64>,
     /// When its last thread exited, if inside the window (null: it outlived the window).
@@ -61,6 +63,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
             cmdline: rec.target.cmdline.clone(),
             given: true,
             joined_ns: None,
+            cgroup: None,
         }]
     } else {
         rec.processes.clone()
@@ -75,6 +78,22 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
             t.pid
         };
         by_process.entry(pid).or_default().push(t);
+    }
+    let mut listed = listed;
+    // Threads of a process the recording does not list (it joined beyond what the kernel
+    // side could note, `losses.child_map_full`): listed from its threads, never left out.
+    for (&pid, threads) in &by_process {
+        if pid != 0 && !listed.iter().any(|p| p.pid == pid) {
+            listed.push(ProcessRecord {
+                pid,
+                ppid: 0,
+                comm: threads[0].comm.clone(),
+                cmdline: vec![],
+                given: false,
+                joined_ns: threads.iter().filter_map(|t| t.created_ns).min(),
+                cgroup: None,
+            });
+        }
     }
     listed
         .into_iter()
@@ -103,6 +122,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
                 comm,
                 cmdline: p.cmdline,
                 given: p.given,
+                cgroup: p.cgroup,
                 joined_ns: p.joined_ns,
                 left_ns,
                 threads: mine.len() as u64,
@@ -136,6 +156,7 @@ mod tests {
                 cmdline: vec![],
                 given: true,
                 joined_ns: None,
+                cgroup: None,
             },
             ProcessRecord {
                 pid: 200,
@@ -144,6 +165,7 @@ mod tests {
                 cmdline: vec![],
                 given: false,
                 joined_ns: Some(1_000),
+                cgroup: None,
             },
         ];
         let p = summarize(&rec);
@@ -152,6 +174,14 @@ mod tests {
         assert_eq!(p[1].totals.time.oncpu_ns, 500);
         assert_eq!(p[1].left_ns, Some(7_000));
         assert!(rec.is_member(200) && !rec.is_member(300));
+        // A thread of a process the recording does not list (the kernel's map of joined
+        // processes was full): its process is listed from it, not dropped.
+        let mut d = thread(4, 400, 0, &[]);
+        d.pid = 300;
+        rec.threads.push(d);
+        let p = summarize(&rec);
+        let extra = p.iter().find(|p| p.pid == 300).expect("listed");
+        assert_eq!((extra.threads, extra.totals.time.oncpu_ns), (1, 400));
     }
 
     #[test]
@@ -177,6 +207,7 @@ mod tests {
             cmdline: vec![],
             given,
             joined_ns: None,
+            cgroup: None,
         };
         rec.processes = vec![
             process(300, true),

@@ -87,6 +87,9 @@ pub struct Summary {
     /// The target's child processes (and theirs): not traced, so their own scheduling is not
     /// in this document; trace them with their own PID.
     pub untraced_children: Vec<crate::recording::ChildRecord>,
+    /// Hypervisor steal on each CPU over the window (CPUs with none left out; empty: none, or
+    /// not known): time a thread shown as on a CPU did not run. /proc/stat, 10 ms ticks.
+    pub cpu_steal: Vec<CpuSteal>,
     pub migration_routes: Vec<RouteSummary>,
     /// The tool's PID namespace, when it ran inside one (a container). Every ID in this
     /// document is the kernel's, as the host numbers them (and as NVML and the host's tools
@@ -152,6 +155,12 @@ fn pid_namespace(rec: &Recording, s: &Summary) -> Option<PidNamespaceSummary> {
 }
 
 /// A migration route, with how far it moved the thread.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct CpuSteal {
+    pub cpu: u32,
+    pub steal_ns: u64,
+}
+
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RouteSummary {
     #[serde(flatten)]
@@ -437,6 +446,14 @@ pub fn build(rec: &Recording) -> Summary {
         neighbours,
         preemptor_processes,
         untraced_children: rec.children.clone(),
+        cpu_steal: rec
+            .proc_counts
+            .as_ref()
+            .map(|w| w.steal())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(cpu, steal_ns)| CpuSteal { cpu, steal_ns })
+            .collect(),
         migration_routes,
         pid_namespace: None,
     };

@@ -68,6 +68,9 @@ pub struct ProcessRecord {
     pub given: bool,
     /// When it was forked, if inside the window (None: it was there at the start).
     pub joined_ns: Option<u64>,
+    /// Its CPU cgroup (the v2 path, or the v1 cpu controller's), when known.
+    #[serde(default)]
+    pub cgroup: Option<String>,
 }
 
 /// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part
@@ -252,6 +255,26 @@ pub struct ProcWindow {
     pub end: BTreeMap<u32, ProcCounts>,
     /// Threads left out: only the first `SELF_CHECK_THREADS` are read.
     pub left_out: u64,
+    /// Each CPU's steal time (the hypervisor running something else on it), ns, at both
+    /// ends: /proc/stat, in ticks of the kernel's USER_HZ (10 ms).
+    #[serde(default)]
+    pub steal_start: Vec<(u32, u64)>,
+    #[serde(default)]
+    pub steal_end: Vec<(u32, u64)>,
+}
+
+impl ProcWindow {
+    /// Each CPU's steal over the window, ns (CPUs with none left out).
+    pub fn steal(&self) -> Vec<(u32, u64)> {
+        self.steal_end
+            .iter()
+            .filter_map(|&(cpu, end)| {
+                let start = self.steal_start.iter().find(|s| s.0 == cpu)?.1;
+                let d = end.saturating_sub(start);
+                (d > 0).then_some((cpu, d))
+            })
+            .collect()
+    }
 }
 
 /// The IDs of the tasks seen in the tool's PID namespace.

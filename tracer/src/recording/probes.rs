@@ -20,6 +20,10 @@ pub struct Losses {
     pub thread_map_full: u64,
     pub preemptor_map_full: u64,
     pub migration_map_full: u64,
+    /// Processes that joined the set but could not be noted in the kernel's map of joined
+    /// processes (`MAX_CHILDREN`): traced, listed from their threads, joined at an unknown time.
+    #[serde(default)]
+    pub child_map_full: u64,
     /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched.rs`).
     pub unseen_switch_ins: u64,
     /// Switches off a CPU the kernel did not trace, repaired.

@@ -169,6 +169,15 @@ pub fn render(r: &Report) -> String {
             l.thread_map_full, l.preemptor_map_full, l.migration_map_full
         );
     }
+    if l.child_map_full > 0 {
+        let _ = writeln!(
+            out,
+            "  warning: {} processes joined the set beyond the {} the kernel notes: they are \
+             traced and listed from their threads, but when they joined is not known",
+            l.child_map_full,
+            tracer_common::MAX_CHILDREN
+        );
+    }
     if let Some(what) = &s.incomplete {
         let _ = writeln!(out, "  warning: {what}");
     }

@@ -200,6 +200,7 @@ pub async fn record(
     // The threads' own counts, as near the window's start as can be: the self-check
     // compares the recording with what they add up to over the window.
     let (counts_start, left_out) = targets.thread_counts(SELF_CHECK_THREADS);
+    let steal_start = process::cpu_steal();
     let children_start = targets.children();
     // Listed after attaching: a thread created since is seen by the probes, so none is missed.
     let initial = targets.threads();
@@ -306,6 +307,7 @@ pub async fn record(
     probes.detach_sched();
     let end = monotonic_ns();
     let (counts_end, _) = targets.thread_counts(SELF_CHECK_THREADS);
+    let steal_end = process::cpu_steal();
     let children_end = targets.children();
     // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
     let cuda_at_end = probes.cuda_threads()?;
@@ -357,6 +359,8 @@ pub async fn record(
             start: counts_start,
             end: counts_end,
             left_out,
+            steal_start,
+            steal_end,
         },
         children: (children_start, children_end),
     };

@@ -61,6 +61,11 @@ pub fn parse_cpu_stat(s: &str) -> Throttling {
 
 /// The cgroup path of `pid` for the cpu controller: the v2 line ("0::/x") on v2, else the v1
 /// line that lists `cpu` among its controllers.
+/// The CPU cgroup of `pid` ("/system.slice/x.service"): v2's, or the v1 cpu controller's.
+pub fn cgroup_name(pid: u32) -> Option<String> {
+    cgroup_of(pid, version()).map(|(_, name)| name)
+}
+
 fn cgroup_of(pid: u32, version: CgroupVersion) -> Option<(PathBuf, String)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     for line in text.lines() {

@@ -35,6 +35,8 @@ pub struct Target {
     /// Its parent when it was resolved, in this tool's /proc numbering (0: unknown): read then,
     /// because a process that exits in the window can no longer say.
     pub ppid: u32,
+    /// Its CPU cgroup when it was resolved.
+    pub cgroup: Option<String>,
     /// Set when the PID given was a thread of another process, which is traced instead.
     pub resolved_from_tid: Option<u32>,
     /// Its main thread has exited (a zombie) while other threads run on.
@@ -196,6 +198,7 @@ impl Target {
             proc_pid: tgid,
             pidns,
             ppid: u32::try_from(stat.ppid).unwrap_or(0),
+            cgroup: super::cgroup::cgroup_name(tgid),
             comm: stat.comm,
             cmdline,
             resolved_from_tid: (tgid != pid).then_some(pid),
@@ -214,6 +217,7 @@ impl Target {
             comm: argv.first().cloned().unwrap_or_default(),
             cmdline: argv.to_vec(),
             ppid: std::process::id(),
+            cgroup: super::cgroup::cgroup_name(pid),
             resolved_from_tid: None,
             leader_exited: false,
             pidfd: open_pidfd(pid).ok().map(Arc::new),
@@ -327,6 +331,21 @@ impl Target {
 /// The name of any task (a process's is its leader's), for naming preemptors' processes. From
 /// /proc/PID/comm: the process's stat file would cost in proportion to its threads, as the
 /// kernel adds up every thread's CPU time and faults for it (fs/proc/array.c `do_task_stat`).
+/// Each CPU's steal time so far, ns (/proc/stat's eighth value, in USER_HZ ticks).
+pub fn cpu_steal() -> Vec<(u32, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    stat.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let cpu: u32 = it.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let ticks: u64 = it.nth(7)?.parse().ok()?;
+            Some((cpu, ticks * 1_000_000_000 / hz))
+        })
+        .collect()
+}
+
 /// The thread IDs of process `pid` now (empty when it is gone).
 pub fn task_ids(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))

@@ -129,6 +129,7 @@ impl Targets {
                 cmdline: m.cmdline.clone(),
                 given: i < self.given,
                 joined_ns: None,
+                cgroup: m.cgroup.clone(),
             })
             .collect();
         for f in joined {
@@ -155,6 +156,7 @@ impl Targets {
                 cmdline,
                 given: false,
                 joined_ns: Some(f.created_ns),
+                cgroup: proc_pid.and_then(crate::sources::cgroup::cgroup_name),
             });
         }
         out

@@ -101,7 +101,11 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
                 ),
             ),
         };
-        out.push(Cause::new(mechanism, share(ex.oncpu_ns), evidence));
+        out.push(Cause::new(
+            mechanism,
+            share(ex.oncpu_ns),
+            evidence + &steal_note(s, r),
+        ));
     }
 
     let gpu = gpu_mechanism(
@@ -151,4 +155,25 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         ),
     ));
     out
+}
+
+/// The hypervisor's steal over the window, beside the tail's extra on-CPU time: steal shows as
+/// on-CPU time (the thread was on its vCPU while the vCPU did not run), so it can make a tail of
+/// longer on-CPU time. Known per CPU over the window (10 ms ticks), not per request: a
+/// comparison, not an attribution.
+fn steal_note(s: &Summary, r: &RequestAnalysis) -> String {
+    let stolen: u64 = s.cpu_steal.iter().map(|c| c.steal_ns).sum();
+    if stolen == 0 {
+        return String::new();
+    }
+    let extra = (r.tail.mean.oncpu_ns - r.median.mean.oncpu_ns).max(0.0) * r.tail.requests as f64;
+    let cpus: Vec<String> = s.cpu_steal.iter().map(|c| c.cpu.to_string()).collect();
+    format!(
+        "; the hypervisor stole {} from CPU {} in the window (steal time), against {} of extra \
+         on-CPU time in the tail requests in all: steal is known per CPU over the window, not \
+         per request",
+        ms(stolen as f64),
+        cpus.join(", "),
+        ms(extra)
+    )
 }

@@ -575,6 +575,7 @@ fn member(pid: u32, ppid: u32, title: &str, given: bool) -> crate::recording::Pr
         cmdline: vec![title.into()],
         given,
         joined_ns: None,
+        cgroup: None,
     }
 }
 

@@ -96,7 +96,8 @@ pub struct DemoPart {
     pub latency_baseline: Option<LatencyStats>,
     pub latency_recorded: Option<LatencyStats>,
     /// A process the scenario did not start that the verdict named as the server's main
-    /// preemptor (a kernel thread doing reclaim, another tenant): the run measured a real
+    /// preemptor (a kernel thread doing reclaim, another tenant), or the hypervisor's steal
+    /// time (pid 0) when a CPU lost 5 ms or more to it: the run measured a real
     /// disturbance, but not the injected one, so it says nothing about the scenario's
     /// accuracy. Scenario runners repeat such a run rather than score it.
     pub interference: Option<Interference>,
@@ -145,7 +146,8 @@ pub fn outcome(
             pid: n.processes.first().copied().unwrap_or(0),
             comm: n.name.clone(),
             wait_share: n.wait_share,
-        });
+        })
+        .or_else(|| steal(&report.summary));
     let (expected_primary, expected_mechanism) = scenario.expected(pmu);
     Outcome {
         part: DemoPart {
@@ -161,6 +163,24 @@ pub fn outcome(
         rec,
         report,
     }
+}
+
+/// Hypervisor steal of at least this much on one CPU in the window is a disturbance from
+/// outside: at 1 ms a request, 5 ms of steal can put several requests in a quiet server's p99.
+const STEAL_INTERFERENCE_NS: u64 = 5_000_000;
+
+/// The hypervisor's steal, as interference (pid 0), when a CPU lost `STEAL_INTERFERENCE_NS`.
+fn steal(s: &crate::analysis::summary::Summary) -> Option<Interference> {
+    let worst = s.cpu_steal.iter().max_by_key(|c| c.steal_ns)?;
+    (worst.steal_ns >= STEAL_INTERFERENCE_NS).then(|| Interference {
+        pid: 0,
+        comm: format!(
+            "hypervisor steal ({} ms on CPU {})",
+            worst.steal_ns / 1_000_000,
+            worst.cpu
+        ),
+        wait_share: worst.steal_ns as f64 / s.duration_ns.max(1) as f64,
+    })
 }
 
 /// Reads the server's latency log (the format `--latencies` reads).

@@ -151,6 +151,7 @@ impl SchedProbes {
             perf_read_failed: sums[6],
             clock_checks: sums[7],
             clock_error_ns: sums[8],
+            child_map_full: sums[9],
         })
     }
 }
