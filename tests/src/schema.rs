@@ -87,6 +87,7 @@ mod tests {
                                         "process_count": 1, "wait_share": 0.5}]},
             "share": 1.0,
             "evidence": "e",
+            "acts_in": {"pid": 7, "role": "server", "comm": "server", "share": 1.0},
             "advice": "a"
         });
         if let Some((k, v)) = extra {
