@@ -74,6 +74,8 @@ pub struct Config {
     pub task_exec_off: u32,
     pub task_nvcsw_off: u32,
     pub task_nivcsw_off: u32,
+    /// `se.nr_migrations` (with `task_counts`).
+    pub task_migrations_off: u32,
     /// `task_struct.real_parent` (a preemptor's parent, a fork's parent process), from BTF;
     /// 0 when unknown.
     pub task_real_parent_off: u32,
@@ -135,6 +137,7 @@ impl Config {
             task_exec_off: 0,
             task_nvcsw_off: 0,
             task_nivcsw_off: 0,
+            task_migrations_off: 0,
             exec_pid_off: 0,
             exec_old_pid_off: 0,
             follow_children: 0,

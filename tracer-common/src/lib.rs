@@ -51,9 +51,9 @@ mod tests {
         assert_eq!(core::mem::size_of::<ChildProcess>(), 32);
         assert_eq!(
             core::mem::size_of::<ThreadStats>(),
-            4 + 4 + 16 + 4 + 4 + 8 * 18 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
+            4 + 4 + 16 + 4 + 4 + 8 * 19 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 47 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 48 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 48);

@@ -135,6 +135,9 @@ pub struct ThreadStats {
     pub seen_exec_ns: u64,
     pub seen_nvcsw: u64,
     pub seen_nivcsw: u64,
+    /// The same for `se.nr_migrations`: a move no sched_migrate_task reported (as switches go
+    /// unreported on our VMs, so do some moves) is added at the next traced event.
+    pub seen_migrations: u64,
     pub runq_hist: [u32; RUNQ_HIST_SLOTS],
 }
 
@@ -168,6 +171,7 @@ impl ThreadStats {
             seen_exec_ns: 0,
             seen_nvcsw: 0,
             seen_nivcsw: 0,
+            seen_migrations: 0,
             runq_hist: [0; RUNQ_HIST_SLOTS],
         }
     }

@@ -77,6 +77,7 @@ fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     t.seen_exec_ns = 0;
     t.seen_nvcsw = 0;
     t.seen_nivcsw = 0;
+    t.seen_migrations = 0;
     t.runq_hist = [0; RUNQ_HIST_SLOTS];
     t.tid = tid;
 }
@@ -88,6 +89,8 @@ struct TaskCounts {
     pub exec_ns: u64,
     pub nvcsw: u64,
     pub nivcsw: u64,
+    /// `se.nr_migrations`.
+    pub migrations: u64,
 }
 
 /// The counters of `task`, a task_struct the tracepoint passed (tp_btf; plain loads, whose
@@ -103,6 +106,7 @@ fn counts_of(task: *const u8) -> Option<TaskCounts> {
         exec_ns: at(config!(task_exec_off)),
         nvcsw: at(config!(task_nvcsw_off)),
         nivcsw: at(config!(task_nivcsw_off)),
+        migrations: at(config!(task_migrations_off)),
     })
 }
 
@@ -116,6 +120,7 @@ fn remember(t: &mut ThreadStats, c: Option<&TaskCounts>) {
         t.seen_exec_ns = c.exec_ns.wrapping_sub(t.oncpu_ns);
         t.seen_nvcsw = c.nvcsw.wrapping_sub(t.voluntary_switches);
         t.seen_nivcsw = c.nivcsw.wrapping_sub(t.involuntary_switches);
+        t.seen_migrations = c.migrations.wrapping_sub(t.migrations);
         t.flags |= FLAG_SEEN;
     }
 }
@@ -134,6 +139,14 @@ fn unseen(t: &mut ThreadStats, c: Option<&TaskCounts>) -> Option<(i64, bool)> {
     }
     if t.flags & FLAG_REPAIRED != 0 {
         correct_repaired(t, c);
+    }
+    // Moves no tracepoint reported: counted here, whatever the switches say.
+    let moved = c
+        .migrations
+        .wrapping_sub(t.migrations)
+        .wrapping_sub(t.seen_migrations) as i64;
+    if moved > 0 {
+        t.migrations += moved as u64;
     }
     let nv = c
         .nvcsw

@@ -26,8 +26,8 @@ pub struct TaskOffsets {
     pub cpu: u32,
     /// The way from a task to its run queue's clock, where the kernel has one.
     pub rq_clock: Option<RqClockPath>,
-    /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`.
-    pub counts: Option<(u32, u32, u32)>,
+    /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`, `se.nr_migrations`.
+    pub counts: Option<(u32, u32, u32, u32)>,
     pub real_parent: Option<u32>,
     /// From a `struct cgroup` to its id and its hierarchy's: `cgroup.kn`, `kernfs_node.id`,
     /// `cgroup.root`, `cgroup_root.hierarchy_id` (for `--cgroup`).
@@ -78,6 +78,7 @@ impl TaskOffsets {
                 at(&["se", "sum_exec_runtime"]).ok()?,
                 at(&["nvcsw"]).ok()?,
                 at(&["nivcsw"]).ok()?,
+                at(&["se", "nr_migrations"]).ok()?,
             ))
         })();
         Ok(Self {
@@ -112,11 +113,12 @@ impl TaskOffsets {
             config.cgroup_root_off = root;
             config.root_hierarchy_off = hierarchy;
         }
-        if let Some((exec, nvcsw, nivcsw)) = self.counts {
+        if let Some((exec, nvcsw, nivcsw, migrations)) = self.counts {
             config.task_counts = 1;
             config.task_exec_off = exec;
             config.task_nvcsw_off = nvcsw;
             config.task_nivcsw_off = nivcsw;
+            config.task_migrations_off = migrations;
         }
         if let Some(p) = self.rq_clock {
             config.wakeup_rq_clock = 1;
