@@ -115,6 +115,20 @@ pub struct NamespacedId {
 }
 
 impl Summary {
+    /// The process of the target set with this PID, as `processes[]` lists it.
+    pub fn process(&self, pid: u32) -> Option<&super::processes::ProcessSummary> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// Where that process stands in `processes[]` (after all of them when it is not there): the
+    /// order the renderers group threads by.
+    pub fn process_rank(&self, pid: u32) -> usize {
+        self.processes
+            .iter()
+            .position(|p| p.pid == pid)
+            .unwrap_or(usize::MAX)
+    }
+
     /// How a kernel PID or TID is shown to a person: the tool's own namespace's number, which
     /// is what its /proc and `ps` show; a task outside that namespace has none there, and is
     /// shown by the host's number, marked.

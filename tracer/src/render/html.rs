@@ -73,14 +73,10 @@ fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
     // grouped by process first (in the order of the processes block), each row led by its
     // process's role.
     let grouped = s.processes.len() > 1;
-    let process_of = |tid: u32| s.threads.iter().find(|t| t.tid == tid);
-    let rank = |tid: u32| {
-        let pid = process_of(tid).map_or(0, |t| t.pid);
-        s.processes
-            .iter()
-            .position(|p| p.pid == pid)
-            .filter(|_| grouped)
-            .unwrap_or(0)
+    let thread_of = |tid: u32| s.threads.iter().find(|t| t.tid == tid);
+    let rank = |tid: u32| match grouped {
+        true => s.process_rank(thread_of(tid).map_or(0, |t| t.pid)),
+        false => 0,
     };
     let mut rows: Vec<u32> = s
         .threads
@@ -100,10 +96,10 @@ fn thread_chart(rec: &Recording, s: &Summary) -> Option<String> {
     let names: Vec<String> = rows
         .iter()
         .map(|tid| {
-            let t = process_of(*tid);
+            let t = thread_of(*tid);
             let comm = t.map_or("", |t| &t.comm);
             let role = t
-                .and_then(|t| s.processes.iter().find(|p| p.pid == t.pid))
+                .and_then(|t| s.process(t.pid))
                 .filter(|_| grouped)
                 .map_or(String::new(), |p| format!("{} · ", p.role));
             format!("{role}{tid} {comm}")

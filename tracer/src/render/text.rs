@@ -201,13 +201,7 @@ pub fn render(r: &Report) -> String {
     let grouped = s.processes.len() > 1;
     let mut active = active;
     if grouped {
-        let rank = |pid: u32| {
-            s.processes
-                .iter()
-                .position(|p| p.pid == pid)
-                .unwrap_or(usize::MAX)
-        };
-        active.sort_by_key(|t| rank(t.pid));
+        active.sort_by_key(|t| s.process_rank(t.pid));
     }
     let _ = writeln!(
         out,
@@ -230,11 +224,7 @@ pub fn render(r: &Report) -> String {
     for th in active.iter().take(MAX_THREAD_ROWS) {
         if grouped && group != Some(th.pid) {
             group = Some(th.pid);
-            let role = s
-                .processes
-                .iter()
-                .find(|p| p.pid == th.pid)
-                .map_or("?", |p| &p.role);
+            let role = s.process(th.pid).map_or("?", |p| &p.role);
             tt.add_row(vec![
                 String::new(),
                 format!("PID {} ({})", s.shown_id(th.pid), printable(role)),

@@ -11,16 +11,20 @@ use crate::recording::cgroup::{CgroupSample, CgroupVersion, CpuCgroup, CpuLimit,
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
-/// cgroup2's filesystem magic (include/uapi/linux/magic.h, CGROUP2_SUPER_MAGIC).
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// cgroup v1's and v2's filesystem magics (include/uapi/linux/magic.h).
+pub const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+pub const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
-pub fn version() -> CgroupVersion {
-    let root = std::ffi::CString::new(CGROUP_ROOT).expect("static path");
+/// The magic of the file system `path` is on (statfs), if it can be read.
+pub fn fs_magic(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: statfs fills the zeroed struct we own.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let is_v2 = unsafe { libc::statfs(root.as_ptr(), &mut st) } == 0
-        && st.f_type as i64 == CGROUP2_SUPER_MAGIC;
-    if is_v2 {
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+pub fn version() -> CgroupVersion {
+    if fs_magic(Path::new(CGROUP_ROOT)) == Some(CGROUP2_SUPER_MAGIC) {
         CgroupVersion::V2
     } else if Path::new(CGROUP_ROOT).join("unified").is_dir() {
         CgroupVersion::Hybrid

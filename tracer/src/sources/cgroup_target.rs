@@ -9,11 +9,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use super::cgroup::{CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, fs_magic};
 use crate::error::TracerError;
-
-/// cgroup v1's and v2's filesystem magics (include/uapi/linux/magic.h).
-const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 #[derive(Debug, Clone)]
 pub struct CgroupTarget {
@@ -50,13 +47,6 @@ fn mounts() -> Vec<Mount> {
             })
         })
         .collect()
-}
-
-fn fs_magic(path: &Path) -> Option<i64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statfs fills the zeroed struct we own.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
 }
 
 /// The hierarchy id of the v1 mount with these options, from /proc/self/cgroup

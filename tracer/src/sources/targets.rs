@@ -74,7 +74,9 @@ impl Targets {
     /// (lowest PID first: a service's first process), and their descendants; those that
     /// join the cgroup during the window join the set too. None at all is an error.
     pub fn with_cgroup(pids: &[u32], cgroup: CgroupTarget) -> Result<Self, TracerError> {
-        let mut t = Self::resolve(pids, true)?;
+        // Descendants once, of every member, after the cgroup's processes are in.
+        let mut t = Self::resolve(pids, false)?;
+        t.follow = true;
         for pid in CgroupTarget::pids(&cgroup.dirs()) {
             // One exiting as the cgroup is read is gone, not an error.
             let Ok(m) = Target::resolve(pid) else {

@@ -45,11 +45,7 @@ fn contender(s: &Summary, n: &Neighbour) -> Contender {
         NeighbourKind::Target if s.processes.len() > 1 => pids
             .iter()
             .map(|&p| {
-                let role = s
-                    .processes
-                    .iter()
-                    .find(|m| m.pid == p)
-                    .map_or("?", |m| &m.role);
+                let role = s.process(p).map_or("?", |m| &m.role);
                 format!(
                     "{} (PID {})",
                     crate::recording::printable(role),

@@ -55,7 +55,7 @@ pub fn place(s: &Summary, m: &Mechanism, from_tail: bool) -> Option<ActsIn> {
         .iter()
         .filter(|(_, v)| **v > 0.0)
         .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))?;
-    let p = s.processes.iter().find(|p| p.pid == pid);
+    let p = s.process(pid);
     Some(ActsIn {
         pid,
         role: p.map_or_else(|| s.comm.clone(), |p| p.role.clone()),

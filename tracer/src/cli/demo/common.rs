@@ -120,15 +120,19 @@ pub struct Outcome {
 }
 
 /// The verdict set against the scenario; `own`: the processes the scenario started;
-/// `engine`: the process the cause must act in.
+/// `engine`: the process the cause must act in; `spans`: the server's latency log, and
+/// `baseline`: when it started and when the disturbance came.
 pub fn outcome(
     scenario: Scenario,
     rec: Recording,
     own: &[u32],
     engine: Option<u32>,
-    latency_baseline: Option<LatencyStats>,
-    latency_recorded: Option<LatencyStats>,
+    spans: &[RequestSpan],
+    baseline: (u64, u64),
 ) -> Outcome {
+    // Skip the first half second: start-up is not the server's steady state.
+    let latency_baseline = latency_stats(spans, baseline.0 + 500_000_000, baseline.1);
+    let latency_recorded = latency_stats(spans, rec.start_ns, rec.end_ns);
     let pmu = rec.capabilities.pmu.llc_available;
     let report = analyze(&rec);
     let verdict = &report.verdict;

@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 
-use super::common::{BASELINE, DemoArgs, Outcome, latency_stats, outcome, read_log, spawn_self};
+use super::common::{BASELINE, DemoArgs, Outcome, outcome, read_log, spawn_self};
 use super::scenario::Scenario;
 use crate::{
     session::{record, runtime},
@@ -238,15 +238,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     drop(limit);
     let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
-    // Skip the first half second: thread start-up is not the server's steady state.
-    let baseline = latency_stats(&spans, started + 500_000_000, baseline_end);
-    let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
     Ok(outcome(
         args.scenario,
         rec,
         &own,
         engine,
-        baseline,
-        recorded,
+        &spans,
+        (started, baseline_end),
     ))
 }

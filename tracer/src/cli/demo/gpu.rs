@@ -12,9 +12,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    common::{
-        BASELINE, DemoArgs, Outcome, Reaped, die_with_parent, latency_stats, outcome, read_log,
-    },
+    common::{BASELINE, DemoArgs, Outcome, Reaped, die_with_parent, outcome, read_log},
     scenario::Scenario,
 };
 use crate::{
@@ -162,14 +160,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     loaded?;
-    let baseline = latency_stats(&spans, ready + 500_000_000, baseline_end);
-    let recorded = latency_stats(&spans, rec.start_ns, rec.end_ns);
     Ok(outcome(
         args.scenario,
         rec,
         &own,
         engine,
-        baseline,
-        recorded,
+        &spans,
+        (ready, baseline_end),
     ))
 }

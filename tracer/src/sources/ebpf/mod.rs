@@ -221,7 +221,7 @@ impl SchedProbes {
     /// Adds a process found in a followed cgroup to the set, noted as joined now (the kernel
     /// side notes those it sees move in the same way); `tids`: its threads, which the classic
     /// programs know it by. False: it was a member already.
-    pub fn join(&mut self, pid: u32, comm: &str, tids: &[u32]) -> Result<bool> {
+    pub fn join(&mut self, pid: u32, comm: &str, threads: &[u32]) -> Result<bool> {
         let set: aya::maps::Array<_, u64> =
             aya::maps::Array::try_from(self.ebpf.map("TARGETS").context("TARGETS map")?)?;
         if pid >= tracer_common::PID_LIMIT
@@ -230,7 +230,6 @@ impl SchedProbes {
             return Ok(false);
         }
         mark_targets(&mut self.ebpf, &[pid], true)?;
-        let threads = tids;
         if self.mode == ProbeMode::Classic {
             // The classic programs know a switching task by its TID.
             let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
