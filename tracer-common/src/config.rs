@@ -92,6 +92,12 @@ pub struct Config {
     pub kernfs_id_off: u32,
     pub cgroup_root_off: u32,
     pub root_hierarchy_off: u32,
+    /// `task_struct.flags` (a waker's `PF_KTHREAD`), from BTF.
+    pub task_flags_off: u32,
+    /// The system call number in `struct pt_regs` (`orig_ax` on x86-64, `syscallno` on arm64),
+    /// from BTF; `u32::MAX` when unknown. Read from a blocked wakee's saved registers
+    /// (`bpf_task_pt_regs`, Linux 5.15+): what it was blocked in (a futex, a poll, a read).
+    pub regs_syscall_off: u32,
 }
 
 impl Config {
@@ -145,6 +151,8 @@ impl Config {
             kernfs_id_off: 0,
             cgroup_root_off: 0,
             root_hierarchy_off: 0,
+            task_flags_off: 0,
+            regs_syscall_off: u32::MAX,
         }
     }
 }

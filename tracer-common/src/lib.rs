@@ -26,6 +26,8 @@ mod pod {
     unsafe impl aya::Pod for super::Preemptor {}
     unsafe impl aya::Pod for super::CpuWait {}
     unsafe impl aya::Pod for super::MigrationKey {}
+    unsafe impl aya::Pod for super::WakerKey {}
+    unsafe impl aya::Pod for super::WakerStats {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::ThreadCounters {}
@@ -51,9 +53,14 @@ mod tests {
         assert_eq!(core::mem::size_of::<ChildProcess>(), 32);
         assert_eq!(
             core::mem::size_of::<ThreadStats>(),
-            4 + 4 + 16 + 4 + 4 + 8 * 19 + 4 * 4 + 4 * RUNQ_HIST_SLOTS
+            4 + 4 + 16 + 4 + 4 + 8 * 19 + 4 * 4 + 4 * RUNQ_HIST_SLOTS + 4 * 4 + 16
         );
-        assert_eq!(core::mem::size_of::<Config>(), 48 * 4);
+        assert_eq!(core::mem::size_of::<WakerKey>(), 16);
+        assert_eq!(
+            core::mem::size_of::<WakerStats>(),
+            4 + 4 + 16 + 8 * 3 + 4 * RUNQ_HIST_SLOTS
+        );
+        assert_eq!(core::mem::size_of::<Config>(), 50 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 48);

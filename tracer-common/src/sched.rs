@@ -139,6 +139,15 @@ pub struct ThreadStats {
     /// unreported on our VMs, so do some moves) is added at the next traced event.
     pub seen_migrations: u64,
     pub runq_hist: [u32; RUNQ_HIST_SLOTS],
+    /// Who is waking the thread, noted at `sched_waking` (which runs in the waker's context;
+    /// `sched_wakeup` may run later on the wakee's CPU, in whatever task runs there) and used
+    /// at the wakeup that follows (with `WAKER_PENDING`): `WakerKey`'s waker and syscall.
+    pub waker_tid: u32,
+    pub waker_tgid: u32,
+    pub waker_syscall: u32,
+    /// `WAKER_*` bits.
+    pub waker_flags: u32,
+    pub waker_comm: [u8; COMM_LEN],
 }
 
 impl ThreadStats {
@@ -173,6 +182,11 @@ impl ThreadStats {
             seen_nivcsw: 0,
             seen_migrations: 0,
             runq_hist: [0; RUNQ_HIST_SLOTS],
+            waker_tid: 0,
+            waker_tgid: 0,
+            waker_syscall: 0,
+            waker_flags: 0,
+            waker_comm: [0; COMM_LEN],
         }
     }
 }
@@ -248,6 +262,45 @@ pub struct PidNsIds {
     pub ns_tid: u32,
 }
 
+/// Distinct (wakee, waker, syscall) triples the waker map holds.
+pub const MAX_WAKERS: u32 = 16384;
+
+/// `ThreadStats::waker_flags` / `WakerStats::flags`: a waker was noted and not used yet.
+pub const WAKER_PENDING: u32 = 1;
+/// The waker is a kernel thread (`PF_KTHREAD`: a kworker, ksoftirqd, an interrupt thread...).
+pub const WAKER_KTHREAD: u32 = 2;
+/// The waker is the idle task: the wakeup came from an interrupt on an idle CPU.
+pub const WAKER_IDLE: u32 = 4;
+/// `PF_KTHREAD` in `task_struct.flags` (include/linux/sched.h, unchanged since 2.6).
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Key of the waker map: a target thread's blocked intervals, by who ended them and in which
+/// system call it was blocked (its number plus one, read from the wakee's saved registers;
+/// 0: not known, as with the classic tracepoints or before Linux 5.15).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakerKey {
+    pub tid: u32,
+    pub waker_tid: u32,
+    pub syscall: u32,
+    pub _pad: u32,
+}
+
+/// The blocked intervals of one `WakerKey`: how many, how long in all and at most, their log2
+/// histogram (`hist_slot`), and the waker's process and name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WakerStats {
+    pub waker_tgid: u32,
+    /// `WAKER_KTHREAD`, `WAKER_IDLE`.
+    pub flags: u32,
+    pub comm: [u8; COMM_LEN],
+    pub blocked_ns: u64,
+    pub count: u64,
+    pub max_ns: u64,
+    pub hist: [u32; RUNQ_HIST_SLOTS],
+}
+
 /// Key of the migration-route map: which thread moved from which CPU to which.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -287,8 +340,10 @@ pub enum Counter {
     /// The map of joined processes was full: a process joined the set (it is traced) but its
     /// fork or move is not noted (userspace lists it from its threads, without the time).
     ChildMapFull = 9,
+    /// The waker map was full: some blocked time is not attributed to its waker.
+    WakerMapFull = 10,
 }
-pub const COUNTER_SLOTS: u32 = 10;
+pub const COUNTER_SLOTS: u32 = 11;
 
 /// Index of the run-queue wait histogram slot for a wait of `ns` nanoseconds.
 #[inline(always)]

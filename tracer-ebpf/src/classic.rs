@@ -107,6 +107,24 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
     );
 }
 
+/// sched_waking, in the waker's context: its record is sched_wakeup's (the same event class),
+/// so the same offsets apply. The classic record has no task, so the syscall is unknown.
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn sched_waking_tp(ctx: TracePointContext) -> u32 {
+    let tid = read_u32(&ctx, config!(wakeup_pid_off));
+    let Some(tgid) = target_tgid_of(tid) else {
+        return 0;
+    };
+    sched::on_waking(
+        tid,
+        tgid,
+        field(&ctx, config!(wakeup_comm_off)),
+        0,
+        sched::note_current_waker,
+    );
+    0
+}
+
 #[tracepoint(category = "sched", name = "sched_wakeup")]
 pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
     wakeup(&ctx, false);

@@ -8,8 +8,8 @@ use aya_ebpf::{
 use tracer_common::{
     BATCH_BYTES, BPF_F_MMAPABLE, BatchBuf, COUNTER_SLOTS, ChildProcess, Config, Counter, CpuWait,
     CudaThread, Event, MAX_CHILDREN, MAX_MIGRATION_ROUTES, MAX_PREEMPTORS, MAX_TARGET_CGROUPS,
-    MAX_THREADS, MigrationKey, Preemptor, TARGET_WORDS, THREAD_SLOTS as THREAD_SLOTS_DEFAULT,
-    ThreadCounters, ThreadStats,
+    MAX_THREADS, MAX_WAKERS, MigrationKey, Preemptor, TARGET_WORDS,
+    THREAD_SLOTS as THREAD_SLOTS_DEFAULT, ThreadCounters, ThreadStats, WakerKey, WakerStats,
 };
 
 /// Set by the loader before the programs are loaded; `.rodata`, so the verifier treats the
@@ -98,6 +98,14 @@ pub static CHILDREN: HashMap<u32, ChildProcess> = HashMap::with_max_entries(MAX_
 /// the unified one).
 #[map]
 pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_TARGET_CGROUPS, 0);
+
+/// Target threads' blocked intervals by who ended them (`sched.rs` `note_waker`).
+#[map]
+pub static WAKERS: HashMap<WakerKey, WakerStats> = HashMap::with_max_entries(MAX_WAKERS, 0);
+
+/// Zeroed template for new `WAKERS` entries (too large for the stack beside the rest).
+#[map]
+pub static WAKER_TEMPLATE: PerCpuArray<WakerStats> = PerCpuArray::with_max_entries(1, 0);
 
 /// Migration routes of target threads, with counts.
 #[map]

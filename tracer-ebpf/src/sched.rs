@@ -13,13 +13,14 @@ use aya_ebpf::helpers::{
 };
 use tracer_common::{
     COMM_LEN, ChildProcess, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED,
-    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_SEEN, MigrationKey, Preemptor, RUNQ_HIST_SLOTS,
-    ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_SEEN, MigrationKey, PF_KTHREAD, Preemptor,
+    RUNQ_HIST_SLOTS, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD,
+    WAKER_PENDING, WaitCode, WakerKey, hist_slot,
 };
 
 use crate::maps::{
-    Batch, CHILDREN, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS, add,
-    config, count, emit,
+    Batch, CHILDREN, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS,
+    WAKER_TEMPLATE, WAKERS, add, config, count, emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -79,6 +80,11 @@ fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     t.seen_nivcsw = 0;
     t.seen_migrations = 0;
     t.runq_hist = [0; RUNQ_HIST_SLOTS];
+    t.waker_tid = 0;
+    t.waker_tgid = 0;
+    t.waker_syscall = 0;
+    t.waker_flags = 0;
+    t.waker_comm = [0; COMM_LEN];
     t.tid = tid;
 }
 
@@ -707,12 +713,23 @@ pub fn on_wakeup(
     if t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32 {
         return;
     }
+    let blocked_since = (t.state == ThreadState::Blocked as u32).then_some(t.state_ts_ns);
     leave(t, now, ThreadState::Blocked);
     remember(t, counts.as_ref());
     t.wakeups += 1;
     enter(t, ThreadState::Runnable, now);
     t.wait_cpu = cpu;
     waiter_add(cpu, now);
+    // The waker `sched_waking` noted, if it did (not before it is attached, after this
+    // program): the blocked interval just closed goes to it.
+    let noted = t.waker_flags & WAKER_PENDING != 0;
+    t.waker_flags &= !WAKER_PENDING;
+    if noted
+        && !new
+        && let Some(since) = blocked_since
+    {
+        note_waker(t, now.saturating_sub(since));
+    }
     let kind = if new {
         EventKind::WakeupNew
     } else {
@@ -721,9 +738,112 @@ pub fn on_wakeup(
     if config!(transitions) == 0 {
         return;
     }
-    let waker = bpf_get_current_pid_tgid() as u32;
+    let (waker, how) = if noted {
+        let how = t.waker_syscall as u64 | ((t.waker_flags as u64) << 32);
+        (t.waker_tid, how)
+    } else {
+        (bpf_get_current_pid_tgid() as u32, 0)
+    };
     if let Some(mut out) = Batch::get() {
-        out.push(&event(now, tid, kind, cpu, waker, 0));
+        out.push(&event(now, tid, kind, cpu, waker, how));
+    }
+}
+
+/// `sched_waking` of a target thread, in the waker's context: who is waking it (`noted` fills
+/// in `waker_tid`, `waker_tgid`, `waker_flags` and `waker_comm`) and, where known, the system
+/// call it is blocked in (its number plus one; 0: unknown), for the wakeup that follows.
+#[inline(always)]
+pub fn on_waking(
+    tid: u32,
+    tgid: u32,
+    comm: Comm,
+    syscall: u32,
+    noted: impl FnOnce(&mut ThreadStats),
+) {
+    let Some(t) = thread(tid, tgid, comm) else {
+        return;
+    };
+    noted(t);
+    t.waker_syscall = syscall;
+    t.waker_flags |= WAKER_PENDING;
+}
+
+/// `WAKER_*` flags of a waker with TID `tid` and `task_struct.flags` `flags`.
+#[inline(always)]
+pub fn waker_flags(tid: u32, flags: u32) -> u32 {
+    let mut f = 0;
+    if tid == 0 {
+        f |= WAKER_IDLE;
+    }
+    if flags & PF_KTHREAD != 0 {
+        f |= WAKER_KTHREAD;
+    }
+    f
+}
+
+/// Notes `current` as the waker of `t` with helpers, where no typed `current` can be had
+/// (classic tracepoints, kernels before 5.11).
+#[inline(always)]
+pub fn note_current_waker(t: &mut ThreadStats) {
+    let id = bpf_get_current_pid_tgid();
+    t.waker_tid = id as u32;
+    t.waker_tgid = (id >> 32) as u32;
+    read_comm(&mut t.waker_comm, Comm::Current);
+    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
+    let flags: u32 = if task.is_null() || config!(task_flags_off) == 0 {
+        0
+    } else {
+        unsafe { bpf_probe_read_kernel(task.add(config!(task_flags_off) as usize) as *const u32) }
+            .unwrap_or(0)
+    };
+    t.waker_flags = waker_flags(t.waker_tid, flags);
+}
+
+/// Adds one blocked interval of `t` to its waker's entry (`WAKERS`), made on first use.
+#[inline(always)]
+fn note_waker(t: &ThreadStats, ns: u64) {
+    let key = WakerKey {
+        tid: t.tid,
+        waker_tid: t.waker_tid,
+        syscall: t.waker_syscall,
+        _pad: 0,
+    };
+    let w = match WAKERS.get_ptr_mut(key) {
+        Some(w) => w,
+        None => {
+            let Some(template) = WAKER_TEMPLATE.get_ptr_mut(0) else {
+                return;
+            };
+            let n = unsafe { &mut *template };
+            n.waker_tgid = t.waker_tgid;
+            n.flags = t.waker_flags & !WAKER_PENDING;
+            n.comm = t.waker_comm;
+            n.blocked_ns = 0;
+            n.count = 0;
+            n.max_ns = 0;
+            n.hist = [0; RUNQ_HIST_SLOTS];
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let inserted = WAKERS.insert(&key, &*n, BPF_NOEXIST);
+            match WAKERS.get_ptr_mut(key) {
+                Some(w) => w,
+                None => {
+                    if inserted.is_err() {
+                        count(Counter::WakerMapFull);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    // A thread's wakeups come one at a time (it runs between them), so plain adds suffice.
+    let w = unsafe { &mut *w };
+    w.blocked_ns += ns;
+    w.count += 1;
+    if ns > w.max_ns {
+        w.max_ns = ns;
+    }
+    if let Some(c) = w.hist.get_mut(hist_slot(ns)) {
+        *c += 1;
     }
 }
 

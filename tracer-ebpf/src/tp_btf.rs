@@ -2,7 +2,7 @@
 //! Field offsets come from the running kernel's BTF through `CONFIG`, never from headers.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
@@ -108,6 +108,51 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         };
         clock::monotonic_from_rq(rq_clock)
     });
+}
+
+/// sched_waking(struct task_struct *p), in try_to_wake_up, in the waker's context (its
+/// sched_wakeup may fire later on the wakee's CPU, inside whatever runs there: a wakeup queued
+/// to an idle CPU runs in the idle task). The waker and, where the kernel can say, the system
+/// call the wakee is blocked in.
+#[btf_tracepoint(function = "sched_waking")]
+pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    if !is_target(tgid_of(p)) {
+        return 0;
+    }
+    let regs_off = config!(regs_syscall_off);
+    if regs_off == u32::MAX {
+        // Before Linux 5.15: the waker from helpers, the syscall unknown. (The verifier never
+        // reaches the branch below then: the offset is a constant, and the helpers it calls
+        // do not exist.)
+        sched::on_waking(pid_of(p), tgid_of(p), comm_of(p), 0, |t| {
+            sched::note_current_waker(t)
+        });
+        return 0;
+    }
+    // SAFETY: helpers on the tracepoint's own task argument and on `current`; both return
+    // typed pointers, so the loads below are checked against BTF like `read_u32`'s.
+    let regs = unsafe { generated::bpf_task_pt_regs(p as *mut _) } as *const u8;
+    // orig_ax is -1 outside a system call: plus one, 0, "unknown".
+    let syscall =
+        unsafe { core::ptr::read_volatile(regs.add(regs_off as usize) as *const u64) } as u32;
+    let cur = unsafe { generated::bpf_get_current_task_btf() } as *const u8;
+    sched::on_waking(
+        pid_of(p),
+        tgid_of(p),
+        comm_of(p),
+        syscall.wrapping_add(1),
+        |t| {
+            t.waker_tid = pid_of(cur);
+            t.waker_tgid = tgid_of(cur);
+            t.waker_flags = sched::waker_flags(t.waker_tid, read_u32(cur, config!(task_flags_off)));
+            let name = unsafe { cur.add(config!(task_comm_off) as usize) } as *const [u64; 2];
+            // Two loads, not a helper call: the name is 16 bytes.
+            let name = unsafe { core::ptr::read_volatile(name) };
+            t.waker_comm = unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(name) };
+        },
+    );
+    0
 }
 
 /// sched_wakeup(struct task_struct *p)

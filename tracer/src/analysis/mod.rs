@@ -3,7 +3,9 @@
 pub mod cgroup;
 pub mod counters;
 pub mod gpu;
+pub mod held;
 pub mod neighbours;
+pub mod pauses;
 pub mod preemptors;
 pub mod processes;
 pub mod quantiles;
@@ -13,6 +15,7 @@ pub mod roles;
 pub mod selfcheck;
 pub mod summary;
 pub mod verdict;
+pub mod wakers;
 
 #[cfg(test)]
 pub mod testutil;

@@ -23,6 +23,9 @@ pub struct ProcessSummary {
     pub given: bool,
     /// Its CPU cgroup (the v2 path, or the v1 cpu controller's), when known.
     pub cgroup: Option<String>,
+    /// The CPython interpreter it runs (its libpython mapped, or an executable named
+    /// python3.N), and how that was found; null for anything else.
+    pub python: Option<crate::recording::pauses::Python>,
     /// When it was forked, if inside the window (null: it was there at the start).
     pub joined_ns: Option<u64>,
     /// When its last thread exited, if inside the window (null: it outlived the window).
@@ -64,6 +67,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
             given: true,
             joined_ns: None,
             cgroup: None,
+            python: None,
         }]
     } else {
         rec.processes.clone()
@@ -92,6 +96,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
                 given: false,
                 joined_ns: threads.iter().filter_map(|t| t.created_ns).min(),
                 cgroup: None,
+                python: None,
             });
         }
     }
@@ -123,6 +128,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
                 cmdline: p.cmdline,
                 given: p.given,
                 cgroup: p.cgroup,
+                python: p.python,
                 joined_ns: p.joined_ns,
                 left_ns,
                 threads: mine.len() as u64,
@@ -157,6 +163,7 @@ mod tests {
                 given: true,
                 joined_ns: None,
                 cgroup: None,
+                python: None,
             },
             ProcessRecord {
                 pid: 200,
@@ -166,6 +173,7 @@ mod tests {
                 given: false,
                 joined_ns: Some(1_000),
                 cgroup: None,
+                python: None,
             },
         ];
         let p = summarize(&rec);
@@ -208,6 +216,7 @@ mod tests {
             given,
             joined_ns: None,
             cgroup: None,
+            python: None,
         };
         rec.processes = vec![
             process(300, true),

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tracer_common::{CudaFn, EventKind, PerfSlot};
 
+use super::held::Held;
 use crate::recording::{
     CudaSpan, Recording,
     requests::{RequestSet, RequestSource, RequestSpan},
@@ -31,14 +32,19 @@ pub struct Breakdown {
     pub runq_idle_cpu_ns: f64,
     /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
     pub cuda_sync_ns: f64,
-    /// Off the CPU and not runnable, other than waiting for the GPU (locks, I/O, sleep).
+    /// Off the CPU and not runnable, other than waiting for the GPU, a lock or a pause (I/O,
+    /// sleeps, events).
     pub blocked_ns: f64,
+    /// Blocked in a futex that another thread of the process held (`held.rs`): a lock, the GIL.
+    pub lock_wait_ns: f64,
+    /// Inside a runtime pause of the process (a garbage collection), in any state.
+    pub runtime_pause_ns: f64,
     /// Not covered by the timeline (thread unseen, events lost).
     pub uncovered_ns: f64,
 }
 
 impl Breakdown {
-    pub const FIELDS: [&'static str; 8] = [
+    pub const FIELDS: [&'static str; PARTS] = [
         "oncpu",
         "queued_oncpu",
         "runq_contention",
@@ -46,10 +52,12 @@ impl Breakdown {
         "runq_idle_cpu",
         "cuda_sync",
         "blocked",
+        "lock_wait",
+        "runtime_pause",
         "uncovered",
     ];
 
-    pub fn values(&self) -> [f64; 8] {
+    pub fn values(&self) -> [f64; PARTS] {
         [
             self.oncpu_ns,
             self.queued_oncpu_ns,
@@ -58,11 +66,13 @@ impl Breakdown {
             self.runq_idle_cpu_ns,
             self.cuda_sync_ns,
             self.blocked_ns,
+            self.lock_wait_ns,
+            self.runtime_pause_ns,
             self.uncovered_ns,
         ]
     }
 
-    fn from_values(v: [f64; 8]) -> Self {
+    fn from_values(v: [f64; PARTS]) -> Self {
         Self {
             oncpu_ns: v[0],
             queued_oncpu_ns: v[1],
@@ -71,17 +81,19 @@ impl Breakdown {
             runq_idle_cpu_ns: v[4],
             cuda_sync_ns: v[5],
             blocked_ns: v[6],
-            uncovered_ns: v[7],
+            lock_wait_ns: v[7],
+            runtime_pause_ns: v[8],
+            uncovered_ns: v[9],
         }
     }
 
     /// Everything the timeline accounts for.
     pub fn covered_ns(&self) -> f64 {
-        self.values()[..7].iter().sum()
+        self.values()[..PARTS - 1].iter().sum()
     }
 
     fn mean(items: &[&Breakdown]) -> Self {
-        let mut sum = [0.0; 8];
+        let mut sum = [0.0; PARTS];
         for b in items {
             for (s, v) in sum.iter_mut().zip(b.values()) {
                 *s += v;
@@ -94,6 +106,25 @@ impl Breakdown {
     pub fn minus(&self, o: &Self) -> Self {
         let (a, b) = (self.values(), o.values());
         Self::from_values(std::array::from_fn(|i| a[i] - b[i]))
+    }
+}
+
+/// The parts of a `Breakdown`; `uncovered` is the last.
+const PARTS: usize = 10;
+
+/// A thread that held a lock a request's serving thread waited for, and for how long (ns; a
+/// group's mean per request).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HolderTime {
+    pub tid: u32,
+    pub ns: f64,
+}
+
+/// Adds `ns` to `tid`'s entry.
+fn add_holder(v: &mut Vec<HolderTime>, tid: u32, ns: f64) {
+    match v.iter_mut().find(|h| h.tid == tid) {
+        Some(h) => h.ns += ns,
+        None => v.push(HolderTime { tid, ns }),
     }
 }
 
@@ -114,6 +145,8 @@ pub struct RequestDetail {
     /// LLC misses and instructions over its on-CPU slices (pro rata), when measured.
     pub llc_misses: Option<f64>,
     pub instructions: Option<f64>,
+    /// Who held the locks of `parts.lock_wait_ns`, largest first.
+    pub lock_holders: Vec<HolderTime>,
 }
 
 /// A set of requests (the median ones, or the tail), on average.
@@ -126,6 +159,8 @@ pub struct Group {
     pub cuda_device_sync_ns_mean: f64,
     /// LLC misses per thousand instructions over the group's requests, when measured.
     pub mpki: Option<f64>,
+    /// Who held the locks the group's requests waited for: mean ns per request, largest first.
+    pub lock_holders: Vec<HolderTime>,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -257,48 +292,90 @@ fn sync_overlap(syncs: &[&CudaSpan], s: u64, e: u64) -> u64 {
         .sum()
 }
 
+/// One interval's piece `[is, ie)` of a request `[s, ..)` on thread `tid`, split by state; the
+/// thread was on earlier requests until `busy_until`.
+fn piece(
+    i: &Interval,
+    (is, ie): (u64, u64),
+    (s, busy_until): (u64, u64),
+    v: &ThreadView,
+    stalls: &Stalls,
+    held: &Held,
+    tid: u32,
+) -> (Breakdown, Option<super::held::LockWait>) {
+    let mut p = Breakdown::default();
+    let ov = (ie - is) as f64;
+    let mut lock = None;
+    match i.state {
+        State::Runnable => {
+            let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
+            p.runq_idle_cpu_ns += idle;
+            if i.wait.map(|w| w.0) == Some(WaitKind::Migration) {
+                p.runq_migration_ns += ov - idle;
+            } else {
+                p.runq_contention_ns += ov - idle;
+            }
+        }
+        State::Running | State::Blocked => {
+            let gpu = sync_overlap(&v.syncs, is, ie) as f64;
+            p.cuda_sync_ns += gpu;
+            if i.state == State::Running {
+                let queued = overlap(is, ie, s, busy_until) as f64;
+                let queued_gpu = sync_overlap(&v.syncs, is, ie.min(busy_until).max(is)) as f64;
+                p.queued_oncpu_ns += queued - queued_gpu;
+                p.oncpu_ns += ov - gpu - (queued - queued_gpu);
+            } else if gpu < ov
+                && let Some(l) = held.lock_wait(tid, i, is, ie)
+            {
+                p.lock_wait_ns += ov - gpu;
+                lock = Some(l);
+            } else {
+                p.blocked_ns += ov - gpu;
+            }
+        }
+    }
+    (p, lock)
+}
+
 /// Decomposes `r` on its serving thread. Until `busy_until` (the end of the thread's previous
 /// request) the thread's CPU time went to earlier requests: this one was queued.
 fn decompose(
     r: &RequestSpan,
     v: &ThreadView,
-    stalls: &Stalls,
+    ctx: (&Stalls, &Held),
     busy_until: u64,
     llc: bool,
 ) -> RequestDetail {
+    let (stalls, held) = ctx;
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
+    let mut holders: Vec<HolderTime> = Vec::new();
     let from = v.intervals.partition_point(|i| i.end_ns <= s);
     for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
         let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
         if ie <= is {
             continue;
         }
-        let ov = (ie - is) as f64;
-        match i.state {
-            State::Runnable => {
-                let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
-                p.runq_idle_cpu_ns += idle;
-                if i.wait.map(|w| w.0) == Some(WaitKind::Migration) {
-                    p.runq_migration_ns += ov - idle;
-                } else {
-                    p.runq_contention_ns += ov - idle;
-                }
-            }
-            State::Running | State::Blocked => {
-                let gpu = sync_overlap(&v.syncs, is, ie) as f64;
-                p.cuda_sync_ns += gpu;
-                if i.state == State::Running {
-                    let queued = overlap(is, ie, s, busy_until) as f64;
-                    let queued_gpu = sync_overlap(&v.syncs, is, ie.min(busy_until).max(is)) as f64;
-                    p.queued_oncpu_ns += queued - queued_gpu;
-                    p.oncpu_ns += ov - gpu - (queued - queued_gpu);
-                } else {
-                    p.blocked_ns += ov - gpu;
-                }
+        // A runtime pause of the process takes the piece first, whatever the thread did in it:
+        // the rest of the piece is split as below, in proportion.
+        let paused = held.paused(r.tid, is, ie) as f64;
+        p.runtime_pause_ns += paused;
+        let whole = (ie - is) as f64;
+        let rest = (whole - paused) / whole;
+        if rest <= 0.0 {
+            continue;
+        }
+        let (q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
+        if let Some(lock) = lock {
+            let f = q.lock_wait_ns / whole * rest;
+            for (tid, ns) in lock.holders {
+                add_holder(&mut holders, tid, ns * f);
             }
         }
+        let (a, b) = (p.values(), q.values());
+        p = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k] * rest));
     }
+    holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
     let wall = r.wall_ns();
     p.uncovered_ns = (wall as f64 - p.covered_ns()).max(0.0);
     let device_wide: Vec<&CudaSpan> = v
@@ -338,6 +415,7 @@ fn decompose(
         cuda_device_sync_ns,
         llc_misses: llc.then_some(misses),
         instructions: llc.then_some(instr),
+        lock_holders: holders,
     }
 }
 
@@ -346,7 +424,15 @@ fn group(items: &[&RequestDetail]) -> Group {
     let parts: Vec<&Breakdown> = items.iter().map(|d| &d.parts).collect();
     let misses: Option<f64> = items.iter().map(|d| d.llc_misses).sum();
     let instr: Option<f64> = items.iter().map(|d| d.instructions).sum();
+    let mut holders: Vec<HolderTime> = Vec::new();
+    for d in items {
+        for h in &d.lock_holders {
+            add_holder(&mut holders, h.tid, h.ns / n);
+        }
+    }
+    holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
     Group {
+        lock_holders: holders,
         requests: items.len(),
         wall_ns_mean: items.iter().map(|d| d.wall_ns as f64).sum::<f64>() / n,
         mean: Breakdown::mean(&parts),
@@ -368,6 +454,7 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
     let timelines = rec.threads_over_time();
     let stalls = Stalls::build(timelines);
+    let held = Held::build(rec, timelines);
     let llc_mask = (1 << PerfSlot::LlcMisses as u32) | (1 << PerfSlot::Instructions as u32);
     let llc = rec.counter_mask & llc_mask == llc_mask;
     let mut migrations: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -412,7 +499,7 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
             }
         });
         let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
-        details.push(decompose(r, v, &stalls, busy_until, llc));
+        details.push(decompose(r, v, (&stalls, &held), busy_until, llc));
     }
     let n = details.len();
     let mut order: Vec<usize> = (0..n).collect();

@@ -90,6 +90,14 @@ pub struct Summary {
     /// Hypervisor steal on each CPU over the window (CPUs with none left out; empty: none, or
     /// not known): time a thread shown as on a CPU did not run. /proc/stat, 10 ms ticks.
     pub cpu_steal: Vec<CpuSteal>,
+    /// Who held up whom: the threads' blocked time by the task that ended it, the largest
+    /// pairs of each process first (empty: nothing was woken, or an older trace file).
+    pub held_up_by: Vec<super::wakers::HeldUp>,
+    /// Garbage collections per thread of the CPython members (empty: none, or not traced:
+    /// see `pause_probes`).
+    pub gc: Vec<super::pauses::GcThread>,
+    /// For each CPython member, whether its collections were traced, and why not.
+    pub pause_probes: Vec<crate::recording::pauses::PauseProbe>,
     pub migration_routes: Vec<RouteSummary>,
     /// The tool's PID namespace, when it ran inside one (a container). Every ID in this
     /// document is the kernel's, as the host numbers them (and as NVML and the host's tools
@@ -468,6 +476,9 @@ pub fn build(rec: &Recording) -> Summary {
             .into_iter()
             .map(|(cpu, steal_ns)| CpuSteal { cpu, steal_ns })
             .collect(),
+        held_up_by: super::wakers::summarize(rec),
+        gc: super::pauses::summarize(rec),
+        pause_probes: rec.pause_probes.clone(),
         migration_routes,
         pid_namespace: None,
     };

@@ -82,5 +82,8 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         children: vec![],
         processes: vec![],
         target_cgroup: None,
+        wakers: vec![],
+        runtime_pauses: vec![],
+        pause_probes: vec![],
     }
 }

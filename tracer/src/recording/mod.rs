@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod gpu;
 pub mod host;
 pub mod names;
+pub mod pauses;
 pub mod probes;
 pub mod records;
 pub mod requests;
@@ -19,6 +20,7 @@ pub mod threads;
 pub mod timeline;
 pub mod topology;
 pub mod waits;
+pub mod wakers;
 
 use std::collections::BTreeMap;
 
@@ -71,6 +73,9 @@ pub struct ProcessRecord {
     /// Its CPU cgroup (the v2 path, or the v1 cpu controller's), when known.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// The CPython interpreter it runs, when it is one (absent from older files).
+    #[serde(default)]
+    pub python: Option<pauses::Python>,
 }
 
 /// One thread's account over the window. `oncpu_ns + runq_wait_ns + blocked_ns` covers the part
@@ -233,6 +238,15 @@ pub struct Recording {
     /// The target's cgroup in the v2 hierarchy (what preemptors' cgroups are compared with).
     #[serde(default)]
     pub target_cgroup: Option<String>,
+    /// The threads' blocked time by who ended it (absent from older files).
+    #[serde(default)]
+    pub wakers: Vec<wakers::WakerRecord>,
+    /// Runtime pauses (garbage collections) of the members, in time order.
+    #[serde(default)]
+    pub runtime_pauses: Vec<pauses::RuntimePause>,
+    /// For each CPython member, whether its collections were traced.
+    #[serde(default)]
+    pub pause_probes: Vec<pauses::PauseProbe>,
 }
 
 /// A thread's own counters as the kernel keeps them (/proc/PID/task/TID/schedstat and

@@ -24,6 +24,10 @@ pub struct Losses {
     /// processes (`MAX_CHILDREN`): traced, listed from their threads, joined at an unknown time.
     #[serde(default)]
     pub child_map_full: u64,
+    /// Wakeups whose blocked interval could not be put down to its waker: the waker map
+    /// (`MAX_WAKERS` distinct thread, waker and system call triples) was full.
+    #[serde(default)]
+    pub waker_map_full: u64,
     /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched.rs`).
     pub unseen_switch_ins: u64,
     /// Switches off a CPU the kernel did not trace, repaired.

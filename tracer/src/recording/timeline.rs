@@ -8,12 +8,13 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tracer_common::{Event, EventKind};
+use tracer_common::{Event, EventKind, WAKER_IDLE};
 
 use crate::recording::{
     cuda::CudaSpan,
     threads::{StateTimes, Switches, ThreadTotals},
     waits::WaitKind,
+    wakers::wakeup_how,
 };
 
 /// Every thread's timeline, by TID.
@@ -48,6 +49,19 @@ pub struct Interval {
     /// Runnable intervals ended by a switch-in: what kind of wait it was, and the task that
     /// had the CPU just before (0: the idle task).
     pub wait: Option<(WaitKind, u32)>,
+    /// Blocked intervals ended by a wakeup: who woke the thread and what it was blocked in.
+    pub woken: Option<Woken>,
+}
+
+/// The end of a blocked interval, from its wakeup record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Woken {
+    /// The waking task (0: the idle task, an interrupt).
+    pub by: u32,
+    /// The system call the thread was blocked in, when known.
+    pub syscall: Option<u32>,
+    /// `tracer_common::WAKER_*` bits.
+    pub flags: u32,
 }
 
 /// One thread over the window.
@@ -78,6 +92,7 @@ impl ThreadTimeline {
                 state,
                 cpu: self.cpu,
                 wait: None,
+                woken: None,
             });
         }
     }
@@ -161,6 +176,17 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
                     t.switches.wakeups += 1;
                     t.cpu = Some(ev.cpu);
                     t.go(ts, State::Runnable, State::Blocked, start);
+                    if let Some(last) = t.intervals.last_mut()
+                        && last.state == State::Blocked
+                        && last.end_ns == ts
+                    {
+                        let (syscall, flags) = wakeup_how(ev.value);
+                        last.woken = Some(Woken {
+                            by: if flags & WAKER_IDLE != 0 { 0 } else { ev.aux },
+                            syscall,
+                            flags,
+                        });
+                    }
                 }
             }
             EventKind::Migrate => {

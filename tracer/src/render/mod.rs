@@ -1,5 +1,6 @@
 //! Renderers: turn an analysis result into what people read.
 
+mod held_up;
 pub mod html;
 pub mod perfetto;
 pub mod text;

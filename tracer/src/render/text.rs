@@ -19,7 +19,7 @@ const MAX_PREEMPTOR_ROWS: usize = 10;
 /// Processes shown (the ones given, then the busiest).
 const MAX_PROCESS_ROWS: usize = 12;
 
-fn table(header: &[&str]) -> Table {
+pub(super) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)
@@ -307,6 +307,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(out, "{pt}");
     }
+    super::held_up::held_up(&mut out, s);
     out
 }
 

@@ -125,6 +125,7 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         format!("tail({})", r.tail.requests),
         "excess"
     );
+    // In `Breakdown::FIELDS` order.
     let names = [
         "on CPU",
         "on CPU, queued",
@@ -133,6 +134,8 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         "run queue: idle",
         "GPU wait",
         "other blocked",
+        "lock wait",
+        "runtime pause",
         "not covered",
     ];
     let (m, t, e) = (

@@ -244,6 +244,9 @@ pub fn recording(
             if targets.follow { &[] } else { &forked },
         ),
         target_cgroup: cgroup2_of(target.proc_pid),
+        wakers: probes.wakers()?,
+        runtime_pauses: vec![],
+        pause_probes: vec![],
     };
     rec.pid_namespace = target
         .namespace_ids()

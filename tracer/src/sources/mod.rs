@@ -11,5 +11,6 @@ pub mod perf;
 pub mod pidns;
 pub mod privileges;
 pub mod process;
+pub mod python;
 pub mod targets;
 pub mod topology;

@@ -132,6 +132,7 @@ impl Targets {
                 given: i < self.given,
                 joined_ns: None,
                 cgroup: m.cgroup.clone(),
+                python: crate::sources::python::detect(m.proc_pid),
             })
             .collect();
         for f in joined {
@@ -159,6 +160,7 @@ impl Targets {
                 given: false,
                 joined_ns: Some(f.created_ns),
                 cgroup: proc_pid.and_then(crate::sources::cgroup::cgroup_name),
+                python: proc_pid.and_then(crate::sources::python::detect),
             });
         }
         out

@@ -146,6 +146,9 @@ fn partial(
         children: vec![],
         processes: vec![],
         target_cgroup: None,
+        wakers: vec![],
+        runtime_pauses: vec![],
+        pause_probes: vec![],
     }
 }
 

@@ -59,6 +59,14 @@ pub struct WorkloadArgs {
     /// With --engine-process: the front end's CPUs (--cpus is then the engine's).
     #[arg(long, value_delimiter = ',')]
     pub front_end_cpus: Vec<usize>,
+    /// From this long after the start, a thread of the server takes the lock the workers take
+    /// once per request (their shared statistics) every 250 ms and holds it for 40 ms of work:
+    /// a native mutex held by a sibling (the lock-contention scenario).
+    #[arg(long, value_parser = crate::units::parse_duration)]
+    pub lock_after: Option<Duration>,
+    /// The lock holder's CPUs (default: the server's).
+    #[arg(long, value_delimiter = ',')]
+    pub lock_cpus: Vec<usize>,
     /// Be the engine: read requests (id, admission time) from stdin until it closes.
     #[arg(long, hide = true)]
     pub engine: bool,
@@ -144,13 +152,22 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
         pending: Mutex::new((VecDeque::new(), false)),
         ready: Condvar::new(),
     });
+    let stats = Arc::new(Mutex::new(0u64));
+    if let Some(after) = args.lock_after {
+        let (stats, cpus, work) = (Arc::clone(&stats), args.lock_cpus.clone(), work.fresh());
+        let end = monotonic_ns() + args.duration.as_nanos() as u64;
+        thread::Builder::new()
+            .name("lock-holder".into())
+            .spawn(move || hold_lock(&stats, after, &cpus, work, end))
+            .context("spawning the lock holder")?;
+    }
     let workers: Vec<_> = (0..args.workers.max(1))
         .map(|i| {
-            let q = Arc::clone(&queue);
+            let (q, stats) = (Arc::clone(&queue), Arc::clone(&stats));
             let mut w = work.fresh();
             thread::Builder::new()
                 .name(format!("worker-{i}"))
-                .spawn(move || worker(&q, &mut w))
+                .spawn(move || worker(&q, &stats, &mut w))
                 .context("spawning a worker")
         })
         .collect::<Result<_>>()?;
@@ -258,7 +275,25 @@ fn front_end(args: &WorkloadArgs) -> Result<()> {
     Ok(())
 }
 
-fn worker(q: &Queue, work: &mut Work) -> Vec<RequestSpan> {
+/// Holds `lock` for 40 ms of work every 250 ms, from `after` until `end`.
+fn hold_lock(lock: &Mutex<u64>, after: Duration, cpus: &[usize], mut work: Work, end: u64) {
+    if !cpus.is_empty() {
+        let _ = set_affinity(0, cpus);
+    }
+    thread::sleep(after);
+    while monotonic_ns() < end {
+        {
+            let mut n = lock.lock().expect("stats lock");
+            for _ in 0..40 {
+                work.run();
+            }
+            *n += 1;
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn worker(q: &Queue, stats: &Mutex<u64>, work: &mut Work) -> Vec<RequestSpan> {
     let tid = gettid();
     let mut spans = Vec::new();
     loop {
@@ -274,6 +309,7 @@ fn worker(q: &Queue, work: &mut Work) -> Vec<RequestSpan> {
         };
         drop(p);
         work.run();
+        *stats.lock().expect("stats lock") += 1;
         let end_ns = monotonic_ns();
         tracer_request_end(id);
         spans.push(RequestSpan {

@@ -176,6 +176,10 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         });
     }
 
+    for (ns, cause) in super::held::window_causes(s, wanted) {
+        lost.push(Lost { ns, cause });
+    }
+
     let total: f64 = lost.iter().map(|l| l.ns).sum::<f64>().max(1.0);
     lost.into_iter()
         .map(|l| Cause {

@@ -16,6 +16,13 @@ pub enum Primary {
     Scheduling,
     CacheThrash,
     GpuSaturation,
+    /// Threads of the service waited for a lock (a mutex, the GIL) another one held.
+    LockContention,
+    /// The runtime stopped the process's threads: Python's garbage collection.
+    RuntimePause,
+    /// The host, not the GPU, paced the GPU work: a serving thread busy on its CPU launching
+    /// kernels while its GPU idled in part.
+    HostBound,
     /// No significant jitter, and no impediment above its threshold.
     None,
     /// Jitter present, but not explained by what was measured.
@@ -28,6 +35,9 @@ impl Primary {
             Self::Scheduling => "scheduling",
             Self::CacheThrash => "cache thrash",
             Self::GpuSaturation => "GPU saturation",
+            Self::LockContention => "lock contention",
+            Self::RuntimePause => "runtime pause",
+            Self::HostBound => "host-bound steps",
             Self::None => "no significant jitter",
             Self::Unexplained => "unexplained",
         }
@@ -67,6 +77,26 @@ pub enum Mechanism {
     SyncStalls { gpu_busy_pct: Option<f64> },
     /// The slow requests waited longer for their own GPU work.
     LongerGpuWork { gpu_busy_pct: Option<f64> },
+    /// Waiting in a futex for a lock another thread of the process held; `gil`: the process
+    /// is CPython and the holders are its threads, so the lock is (most likely) the GIL.
+    LockWait { holders: Vec<Holder>, gil: bool },
+    /// Garbage collections of the process (CPython's `gc`, from its USDT probes).
+    GcPause {
+        collections: u64,
+        longest_ns: u64,
+        /// The generation of the longest one.
+        generation: Option<u32>,
+    },
+    /// A GPU-using thread on its CPU most of the window outside synchronizing CUDA calls,
+    /// launching kernels, while its GPU was partly idle.
+    LaunchOverhead {
+        oncpu_share: f64,
+        launches_per_s: f64,
+        gpu_idle_pct: f64,
+    },
+    /// A GPU's clocks held down by a policy (power, thermal...) for part of the window, the
+    /// GPU not saturated: NVML's violation counters.
+    ClockThrottle { policies: Vec<ClockViolation> },
     /// The serving thread was still on earlier requests.
     Queueing,
     /// Blocked, not on the GPU: locks, I/O, sleeps.
@@ -93,6 +123,28 @@ pub struct Contender {
     /// as "role (PID n)", for the text ("the service itself: engine_core (PID 12)").
     #[serde(skip)]
     pub members: Vec<String>,
+}
+
+/// A thread that held a lock others waited for.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct Holder {
+    pub tid: u32,
+    pub pid: u32,
+    pub comm: String,
+    /// Share of the lock waiting it accounts for.
+    pub share: f64,
+}
+
+/// Time a policy held a GPU's clocks down in the window (NVML `nvmlDeviceGetViolationStatus`).
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ClockViolation {
+    pub gpu: u32,
+    /// `power`, `thermal`, `sync_boost`, `board_limit`, `low_utilization`, `reliability`,
+    /// `total_app_clocks`, `total_base_clocks`.
+    pub policy: String,
+    pub ns: u64,
+    /// Share of the window.
+    pub share: f64,
 }
 
 /// Why a busy GPU ran slower than it could.
@@ -130,6 +182,10 @@ impl Mechanism {
             | Self::SmSaturation { .. }
             | Self::SyncStalls { .. }
             | Self::LongerGpuWork { .. } => Primary::GpuSaturation,
+            Self::ClockThrottle { .. } => Primary::GpuSaturation,
+            Self::LockWait { .. } => Primary::LockContention,
+            Self::GcPause { .. } => Primary::RuntimePause,
+            Self::LaunchOverhead { .. } => Primary::HostBound,
             Self::LongerOncpu { .. } | Self::Queueing | Self::OtherBlocked | Self::Uncovered => {
                 Primary::Unexplained
             }
@@ -150,6 +206,10 @@ impl Mechanism {
             Self::SmSaturation { .. } => "sm_saturation",
             Self::SyncStalls { .. } => "sync_stalls",
             Self::LongerGpuWork { .. } => "longer_gpu_work",
+            Self::LockWait { .. } => "lock_wait",
+            Self::GcPause { .. } => "gc_pause",
+            Self::LaunchOverhead { .. } => "launch_overhead",
+            Self::ClockThrottle { .. } => "clock_throttle",
             Self::Queueing => "queueing",
             Self::OtherBlocked => "other_blocked",
             Self::Uncovered => "uncovered",
@@ -191,6 +251,21 @@ impl Mechanism {
             }
             Self::LongerGpuWork { .. } => {
                 "The slow requests do more GPU work: look at their inputs (sequence length, batch) and kernels (nsys on a sample)."
+            }
+            Self::LockWait { gil: true, .. } => {
+                "The GIL serializes the process's Python threads: move the CPU-bound work out of the serving process (a process pool, a C extension that releases the GIL), or onto a free-threaded build."
+            }
+            Self::LockWait { gil: false, .. } => {
+                "Shorten what the holder does under the lock (or split the lock); if the holder is a worker the serving thread hands work to, that work's time is the wait."
+            }
+            Self::GcPause { .. } => {
+                "Call gc.freeze() after warm-up so the long-lived heap is not scanned again, raise the thresholds (gc.set_threshold), or collect between requests (gc.disable() with gc.collect() when idle)."
+            }
+            Self::LaunchOverhead { .. } => {
+                "The CPU paces the GPU: capture the step in a CUDA graph (torch.compile mode=\"reduce-overhead\", vLLM's cudagraphs), fuse kernels, move Python work off the serving thread, or use a faster CPU."
+            }
+            Self::ClockThrottle { .. } => {
+                "The GPU's clocks were held down: check its power limit (nvidia-smi -q -d POWER), cooling and application clocks."
             }
             Self::Queueing => {
                 "Requests arrive faster than one thread serves them at times: add workers, or remove what slows the earlier requests (the causes above)."
@@ -293,6 +368,64 @@ impl fmt::Display for Mechanism {
             Self::LongerGpuWork { gpu_busy_pct: None } => {
                 write!(f, "longer waits for the GPU (GPU not sampled)")
             }
+            Self::LockWait { holders, gil } => {
+                let what = if *gil { "the GIL" } else { "a lock" };
+                write!(f, "waiting for {what}")?;
+                let named: Vec<String> = holders
+                    .iter()
+                    .take(2)
+                    .map(|h| {
+                        format!(
+                            "thread {} ({}, PID {}: {} of the wait)",
+                            h.tid,
+                            crate::recording::printable(&h.comm),
+                            h.pid,
+                            crate::units::pct(h.share)
+                        )
+                    })
+                    .collect();
+                if !named.is_empty() {
+                    write!(f, " held by {}", named.join(" and "))?;
+                }
+                Ok(())
+            }
+            Self::GcPause {
+                collections,
+                longest_ns,
+                generation,
+            } => write!(
+                f,
+                "garbage-collection pauses ({collections} collections, the longest {}{})",
+                crate::units::dur(*longest_ns),
+                generation.map_or(String::new(), |g| format!(", generation {g}"))
+            ),
+            Self::LaunchOverhead {
+                oncpu_share,
+                launches_per_s,
+                gpu_idle_pct,
+            } => write!(
+                f,
+                "kernel-launch/Python overhead: the serving thread on its CPU {} of the window                  outside CUDA waits, {launches_per_s:.0} launches/s, the GPU idle {gpu_idle_pct:.0}%                  of the time",
+                crate::units::pct(*oncpu_share)
+            ),
+            Self::ClockThrottle { policies } => {
+                write!(f, "GPU clocks held down")?;
+                let named: Vec<String> = policies
+                    .iter()
+                    .take(2)
+                    .map(|p| {
+                        format!(
+                            "by {} {} of the window",
+                            p.policy,
+                            crate::units::pct(p.share)
+                        )
+                    })
+                    .collect();
+                if !named.is_empty() {
+                    write!(f, " ({})", named.join(", "))?;
+                }
+                Ok(())
+            }
             Self::Queueing => write!(f, "queueing behind earlier requests"),
             Self::OtherBlocked => write!(f, "other off-CPU waits (locks, I/O, sleeps)"),
             Self::Uncovered => write!(f, "time the timeline does not cover"),
@@ -345,129 +478,5 @@ impl fmt::Display for Contender {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_id_is_what_the_json_says() {
-        let all = [
-            Mechanism::RunQueueContention { by: vec![] },
-            Mechanism::CgroupThrottling,
-            Mechanism::IdleCpuWakeup,
-            Mechanism::Migrations,
-            Mechanism::LlcMisses,
-            Mechanism::LongerOncpu { llc_measured: true },
-            Mechanism::SmSaturationByOthers {
-                gpu_busy_pct: 99.0,
-                own_sm_pct: 10.0,
-            },
-            Mechanism::SmSaturation {
-                gpu_busy_pct: 99.0,
-                clocks_held: None,
-            },
-            Mechanism::SyncStalls { gpu_busy_pct: None },
-            Mechanism::LongerGpuWork { gpu_busy_pct: None },
-            Mechanism::Queueing,
-            Mechanism::OtherBlocked,
-            Mechanism::Uncovered,
-        ];
-        for m in all {
-            let v = serde_json::to_value(&m).unwrap();
-            assert_eq!(v["mechanism_id"], m.id(), "{m:?}");
-        }
-    }
-
-    #[test]
-    fn the_text_names_the_sides_and_the_advice_each_kind_once() {
-        let side = |kind, name: &str, share| Contender {
-            kind,
-            name: name.into(),
-            pids: vec![11],
-            process_count: 1,
-            wait_share: share,
-            shown_pids: vec!["11".into()],
-            members: vec![],
-        };
-        let m = Mechanism::RunQueueContention {
-            by: vec![
-                side(NeighbourKind::Process, "stress-ng-cpu", 0.5),
-                side(NeighbourKind::Target, "server", 0.4),
-            ],
-        };
-        assert_eq!(
-            m.to_string(),
-            "run-queue contention: preempted by stress-ng-cpu (PID 11) (50% of the waiting) \
-             and its own threads (40%)"
-        );
-        assert_eq!(m.advice(), format!("{OTHERS} {OWN}"));
-        assert_eq!(m.cause(), Primary::Scheduling);
-    }
-
-    #[test]
-    fn the_gpu_texts_are_the_ones_the_json_always_had() {
-        let held = |by, mean, min| {
-            Some(ClocksHeld {
-                by,
-                sm_clock_mhz: mean,
-                sm_clock_mhz_min: min,
-            })
-        };
-        let cases = [
-            (
-                Mechanism::SmSaturationByOthers {
-                    gpu_busy_pct: 97.4,
-                    own_sm_pct: 12.6,
-                },
-                "SM saturation by other processes (GPU 97% busy, 13% of it the server's kernels)",
-            ),
-            (
-                Mechanism::SmSaturation {
-                    gpu_busy_pct: 99.0,
-                    clocks_held: held(ClockCap::PowerCap, Some(1402.4), Some(1100)),
-                },
-                "SM saturation (GPU 99% busy; SM clock held down by the power cap: 1402 MHz mean, \
-                 1100 MHz min)",
-            ),
-            (
-                Mechanism::SmSaturation {
-                    gpu_busy_pct: 99.0,
-                    clocks_held: held(ClockCap::Thermal, None, None),
-                },
-                "SM saturation (GPU 99% busy; clocks held down by thermal slowdown)",
-            ),
-            (
-                Mechanism::SmSaturation {
-                    gpu_busy_pct: 90.0,
-                    clocks_held: None,
-                },
-                "SM saturation (GPU 90% busy)",
-            ),
-            (
-                Mechanism::SyncStalls {
-                    gpu_busy_pct: Some(40.0),
-                },
-                "synchronization stalls: device-wide synchronize waits for all the process's \
-                 queued GPU work (GPU 40% busy)",
-            ),
-            (
-                Mechanism::SyncStalls { gpu_busy_pct: None },
-                "synchronization stalls: device-wide synchronize waits for all the process's \
-                 queued GPU work",
-            ),
-            (
-                Mechanism::LongerGpuWork {
-                    gpu_busy_pct: Some(30.0),
-                },
-                "longer GPU work per request (GPU 30% busy)",
-            ),
-            (
-                Mechanism::LongerGpuWork { gpu_busy_pct: None },
-                "longer waits for the GPU (GPU not sampled)",
-            ),
-        ];
-        for (m, text) in cases {
-            assert_eq!(m.to_string(), text);
-            assert_eq!(m.cause(), Primary::GpuSaturation);
-        }
-    }
-}
+#[path = "mechanism_tests.rs"]
+mod tests;

@@ -7,6 +7,7 @@
 mod contention;
 mod evidence;
 mod gpu;
+mod held;
 mod impediments;
 pub mod mechanism;
 pub mod model;

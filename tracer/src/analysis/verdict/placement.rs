@@ -82,10 +82,14 @@ fn window_part(t: &ThreadSummary, m: &Mechanism) -> f64 {
         Mechanism::SmSaturationByOthers { .. }
         | Mechanism::SmSaturation { .. }
         | Mechanism::SyncStalls { .. }
-        | Mechanism::LongerGpuWork { .. } => t.cuda.as_ref().map_or(0, |c| c.sync_ns),
-        Mechanism::LlcMisses | Mechanism::LongerOncpu { .. } | Mechanism::Queueing => {
-            t.totals.time.oncpu_ns
-        }
+        | Mechanism::LongerGpuWork { .. }
+        | Mechanism::ClockThrottle { .. } => t.cuda.as_ref().map_or(0, |c| c.sync_ns),
+        Mechanism::LlcMisses
+        | Mechanism::LongerOncpu { .. }
+        | Mechanism::Queueing
+        | Mechanism::GcPause { .. }
+        | Mechanism::LaunchOverhead { .. } => t.totals.time.oncpu_ns,
+        Mechanism::LockWait { .. } => t.totals.time.blocked_ns,
         Mechanism::OtherBlocked | Mechanism::Uncovered => t.offcpu_ns,
     };
     ns as f64
@@ -114,8 +118,13 @@ fn request_part(b: &Breakdown, m: &Mechanism) -> f64 {
         Mechanism::SmSaturationByOthers { .. }
         | Mechanism::SmSaturation { .. }
         | Mechanism::SyncStalls { .. }
-        | Mechanism::LongerGpuWork { .. } => b.cuda_sync_ns,
-        Mechanism::LlcMisses | Mechanism::LongerOncpu { .. } => b.oncpu_ns,
+        | Mechanism::LongerGpuWork { .. }
+        | Mechanism::ClockThrottle { .. } => b.cuda_sync_ns,
+        Mechanism::LlcMisses | Mechanism::LongerOncpu { .. } | Mechanism::LaunchOverhead { .. } => {
+            b.oncpu_ns
+        }
+        Mechanism::LockWait { .. } => b.lock_wait_ns,
+        Mechanism::GcPause { .. } => b.runtime_pause_ns,
         Mechanism::Queueing => b.queued_oncpu_ns,
         Mechanism::OtherBlocked => b.blocked_ns,
         Mechanism::Uncovered => b.uncovered_ns,

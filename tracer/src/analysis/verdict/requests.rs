@@ -129,6 +129,7 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
             }
         ),
     ));
+    out.extend(super::held::tail_causes(s, r, &share));
     out.push(Cause::new(
         Mechanism::Queueing,
         share(ex.queued_oncpu_ns),
@@ -141,7 +142,7 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         Mechanism::OtherBlocked,
         share(ex.blocked_ns),
         format!(
-            "blocked, not on the GPU: {}",
+            "blocked, not on the GPU, a lock or a pause: {}",
             per(tail.mean.blocked_ns, median.mean.blocked_ns)
         ),
     ));

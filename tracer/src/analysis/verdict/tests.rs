@@ -576,6 +576,7 @@ fn member(pid: u32, ppid: u32, title: &str, given: bool) -> crate::recording::Pr
         given,
         joined_ns: None,
         cgroup: None,
+        python: None,
     }
 }
 

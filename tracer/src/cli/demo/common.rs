@@ -3,6 +3,7 @@
 //! recording analyzed once and its verdict set against the injected cause.
 
 use std::{
+    path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -122,6 +123,10 @@ pub struct Outcome {
 /// The verdict set against the scenario; `own`: the processes the scenario started;
 /// `engine`: the process the cause must act in; `spans`: the server's latency log, and
 /// `baseline`: when it started and when the disturbance came.
+/// The names the lock scenarios give the thread that holds the lock.
+pub const LOCK_HOLDER: &str = "lock-holder";
+pub const GIL_HOLDER: &str = "gil-holder";
+
 pub fn outcome(
     scenario: Scenario,
     rec: Recording,
@@ -153,12 +158,18 @@ pub fn outcome(
         })
         .or_else(|| steal(&report.summary));
     let (expected_primary, expected_mechanism) = scenario.expected(pmu);
+    // The lock scenarios name their holder thread so (its ground truth).
+    let holder = rec
+        .threads
+        .iter()
+        .find(|t| t.comm == LOCK_HOLDER || t.comm == GIL_HOLDER)
+        .map(|t| t.tid);
     Outcome {
         part: DemoPart {
             scenario,
             expected_primary,
             expected_mechanism,
-            correct: scenario::check(scenario, verdict, pmu, engine),
+            correct: scenario::check(scenario, verdict, pmu, engine, holder),
             engine_pid: engine,
             latency_baseline,
             latency_recorded,
@@ -188,6 +199,35 @@ fn steal(s: &crate::analysis::summary::Summary) -> Option<Interference> {
 }
 
 /// Reads the server's latency log (the format `--latencies` reads).
+/// Starts `python script args...` and waits for its "ready" line; its output is drained from
+/// then on, so that it never blocks on a full pipe.
+pub fn start_script(python: &str, script: &Path, args: &[String]) -> Result<Reaped> {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = die_with_parent(Command::new(python).arg(script).args(args))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {python} (the Python scenarios need it)"))?;
+    let out = child.stdout.take().context("the script's stdout")?;
+    let mut child = Reaped(child);
+    let mut lines = BufReader::new(out).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.trim() == "ready" => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let status = child.0.wait()?;
+                anyhow::bail!(
+                    "the Python workload ({}) exited before it was ready: {status}",
+                    args.first().map_or("", String::as_str)
+                );
+            }
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
+}
+
 pub fn read_log(path: &std::path::Path) -> Result<Vec<RequestSpan>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -97,6 +97,14 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         format!("--latency-log={}", log.display()),
     ];
     argv.extend(shape);
+    if scenario == Scenario::LockContention {
+        // The holder works on another CPU: the worker then waits for the lock alone, not for
+        // its CPU too.
+        argv.push(format!("--lock-after={}ms", BASELINE.as_millis()));
+        if let Some(o) = others.first() {
+            argv.push(format!("--lock-cpus={o}"));
+        }
+    }
     let server = spawn_self(&argv)?;
     let pid = server.0.id();
     say(format!(
@@ -131,6 +139,14 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         (args.duration + Duration::from_secs(1)).as_millis()
     );
     let _disturbance = match scenario {
+        Scenario::LockContention => {
+            say(format!(
+                "injected: a thread of the server ({}) holds the mutex the worker takes once per \
+                 request for 40 ms every 250 ms",
+                super::common::LOCK_HOLDER
+            ));
+            None
+        }
         Scenario::Quiet => {
             say("nothing injected".into());
             None

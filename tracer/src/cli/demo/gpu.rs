@@ -3,16 +3,14 @@
 //! supplies the requests (Python functions have no native symbol for a marker uprobe).
 
 use std::{
-    io::{BufRead as _, BufReader},
-    path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 
 use super::{
-    common::{BASELINE, DemoArgs, Outcome, Reaped, die_with_parent, outcome, read_log},
+    common::{BASELINE, DemoArgs, Outcome, Reaped, outcome, read_log},
     scenario::Scenario,
 };
 use crate::{
@@ -23,32 +21,8 @@ use crate::{
 
 static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
 
-/// Starts the script in `mode` and waits for its "ready" line (CUDA initialized, kernels warm).
-fn start(script: &PathBuf, args: &[String]) -> Result<Reaped> {
-    let mut child = die_with_parent(Command::new("python3").arg(script).args(args))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting python3 (the GPU scenarios need python3 with PyTorch)")?;
-    let out = child.stdout.take().context("the script's stdout")?;
-    let mut child = Reaped(child);
-    let mut lines = BufReader::new(out).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.trim() == "ready" => break,
-            Some(Ok(_)) => {}
-            _ => {
-                let status = child.0.wait()?;
-                bail!(
-                    "the GPU workload ({}) exited before it was ready: {status}",
-                    args[0]
-                );
-            }
-        }
-    }
-    // Keep draining its output so that it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Ok(child)
+fn start(script: &std::path::Path, args: &[String]) -> Result<Reaped> {
+    super::common::start_script("python3", script, args)
 }
 
 fn check_torch() -> Result<()> {

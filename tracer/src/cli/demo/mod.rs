@@ -5,6 +5,7 @@
 mod common;
 mod cpu;
 mod gpu;
+mod python;
 mod scenario;
 
 use anyhow::Result;
@@ -36,6 +37,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     args.record.check_inputs_and_outputs(false)?;
     let out = if args.scenario.gpu() {
         gpu::run(&args)?
+    } else if args.scenario.python() {
+        python::run(&args)?
     } else {
         cpu::run(&args)?
     };

@@ -27,6 +27,19 @@ pub enum Scenario {
     /// A PyTorch server whose device-wide synchronize waits behind its own background GPU work
     /// (GPU machine). Expected: GPU saturation.
     GpuSyncStall,
+    /// A thread of the server holds the workers' mutex for 40 ms every 250 ms. Expected: lock
+    /// contention (a lock, not the GIL), the holder named.
+    LockContention,
+    /// A CPython server whose second thread holds the GIL in a long C call (a sort) every
+    /// 250 ms. Expected: lock contention (the GIL), the holder named.
+    GilContention,
+    /// A CPython server with a large long-lived heap whose requests trigger a full garbage
+    /// collection every ~700 ms. Expected: runtime pause (gc_pause), checked against the
+    /// process's own gc.callbacks.
+    GcPause,
+    /// A PyTorch server whose serving thread launches many tiny kernels per request, so that
+    /// the GPU idles between them (GPU machine). Expected: host-bound (launch_overhead).
+    HostBound,
     /// A service of two processes (a front end admitting requests, an engine child serving
     /// them), attached by the front end's PID, nothing injected. Expected: none.
     MultiprocessQuiet,
@@ -48,6 +61,10 @@ impl Scenario {
             Self::CacheThrash => "cache-thrash",
             Self::GpuSaturation => "gpu-saturation",
             Self::GpuSyncStall => "gpu-sync-stall",
+            Self::LockContention => "lock-contention",
+            Self::GilContention => "gil-contention",
+            Self::GcPause => "gc-pause",
+            Self::HostBound => "host-bound",
             Self::MultiprocessQuiet => "multiprocess-quiet",
             Self::MultiprocessCpuContention => "multiprocess-cpu-contention",
             Self::MultiprocessGpuSaturation => "multiprocess-gpu-saturation",
@@ -55,7 +72,15 @@ impl Scenario {
     }
 
     pub fn gpu(self) -> bool {
-        matches!(self.base(), Self::GpuSaturation | Self::GpuSyncStall)
+        matches!(
+            self.base(),
+            Self::GpuSaturation | Self::GpuSyncStall | Self::HostBound
+        )
+    }
+
+    /// The server is the embedded CPython script (not the built-in native one).
+    pub fn python(self) -> bool {
+        matches!(self, Self::GilContention | Self::GcPause)
     }
 
     /// The cause injected, whatever shape the server has.
@@ -85,6 +110,11 @@ impl Scenario {
             Self::CacheThrash if pmu => (Primary::CacheThrash, Some("llc_misses")),
             Self::CacheThrash => (Primary::Unexplained, None),
             Self::GpuSaturation | Self::GpuSyncStall => (Primary::GpuSaturation, None),
+            Self::LockContention | Self::GilContention => {
+                (Primary::LockContention, Some("lock_wait"))
+            }
+            Self::GcPause => (Primary::RuntimePause, Some("gc_pause")),
+            Self::HostBound => (Primary::HostBound, Some("launch_overhead")),
             _ => unreachable!("base() is a single-process scenario"),
         }
     }
@@ -99,7 +129,13 @@ pub const MECHANISM_SHARE_MIN: f64 = 0.25;
 /// Whether `v` is what `scenario` expects; without a PMU the cache thrash scenario must also
 /// list the cache counters as not assessed (a missing signal is never an absent cause). With
 /// `engine` (a two-process service), the first cause must act in that process.
-pub fn check(scenario: Scenario, v: &Verdict, pmu: bool, engine: Option<u32>) -> bool {
+pub fn check(
+    scenario: Scenario,
+    v: &Verdict,
+    pmu: bool,
+    engine: Option<u32>,
+    holder: Option<u32>,
+) -> bool {
     let (primary, mechanism) = scenario.expected(pmu);
     let mechanism_ok = mechanism.is_none_or(|m| {
         v.causes
@@ -114,5 +150,19 @@ pub fn check(scenario: Scenario, v: &Verdict, pmu: bool, engine: Option<u32>) ->
             .first()
             .is_none_or(|c| c.acts_in.as_ref().is_some_and(|a| a.pid == e))
     });
-    v.primary == primary && mechanism_ok && cache_ok && placed
+    // The lock scenarios: the GIL named for the Python server only, and the lock's holder
+    // named as the thread that held it (`holder`, when the scenario knows it).
+    let gil_ok = match scenario {
+        Scenario::GilContention | Scenario::LockContention => {
+            v.causes.iter().any(|c| match &c.mechanism {
+                crate::analysis::verdict::Mechanism::LockWait { gil, holders } => {
+                    *gil == (scenario == Scenario::GilContention)
+                        && holder.is_none_or(|h| holders.first().is_some_and(|x| x.tid == h))
+                }
+                _ => false,
+            })
+        }
+        _ => true,
+    };
+    v.primary == primary && mechanism_ok && cache_ok && placed && gil_ok
 }

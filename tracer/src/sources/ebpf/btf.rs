@@ -14,6 +14,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_TYPE_TAG: u32 = 18;
 
 pub struct Btf<'a> {
@@ -120,6 +121,15 @@ impl<'a> Btf<'a> {
                 })
             })
             .ok_or_else(|| anyhow!("BTF has no struct {name}"))
+    }
+
+    /// Whether the kernel has a function named `name` (a helper's implementation among them:
+    /// how a helper newer than the kernel is told apart before a program calls it).
+    pub fn has_func(&self, name: &str) -> bool {
+        (1..self.types.len() as u32).any(|id| {
+            self.header(id)
+                .is_ok_and(|(_, h)| h.kind == KIND_FUNC && self.name(h.name_off) == name.as_bytes())
+        })
     }
 
     /// The size in bytes of struct `id`.

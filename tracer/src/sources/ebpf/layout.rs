@@ -32,6 +32,11 @@ pub struct TaskOffsets {
     /// From a `struct cgroup` to its id and its hierarchy's: `cgroup.kn`, `kernfs_node.id`,
     /// `cgroup.root`, `cgroup_root.hierarchy_id` (for `--cgroup`).
     pub cgroup: Option<[u32; 4]>,
+    /// `task_struct.flags` (a waker's `PF_KTHREAD`).
+    pub flags: u32,
+    /// The system call number in `struct pt_regs`, where `bpf_task_pt_regs` (Linux 5.15) and
+    /// `bpf_get_current_task_btf` (5.11) exist: what a woken thread was blocked in.
+    pub regs_syscall: Option<u32>,
 }
 
 /// What a recording says about where its wakeup times come from.
@@ -89,6 +94,17 @@ impl TaskOffsets {
             rq_clock,
             counts,
             real_parent: at(&["real_parent"]).ok(),
+            flags: at(&["flags"])?,
+            regs_syscall: (|| {
+                if !btf.has_func("bpf_task_pt_regs") || !btf.has_func("bpf_get_current_task_btf") {
+                    return None;
+                }
+                let regs = btf.struct_id("pt_regs").ok()?;
+                // x86-64 keeps the number the call was made with in orig_ax, arm64 in
+                // syscallno; both -1 outside a system call.
+                btf.member_offset(regs, &["orig_ax"])
+                    .or_else(|| btf.member_offset(regs, &["syscallno"]))
+            })(),
             cgroup: (|| {
                 let cgroup = btf.struct_id("cgroup").ok()?;
                 Some([
@@ -107,6 +123,8 @@ impl TaskOffsets {
         config.task_comm_off = self.comm;
         config.task_cpu_off = self.cpu;
         config.task_real_parent_off = self.real_parent.unwrap_or(0);
+        config.task_flags_off = self.flags;
+        config.regs_syscall_off = self.regs_syscall.unwrap_or(u32::MAX);
         if let Some([kn, id, root, hierarchy]) = self.cgroup {
             config.cgroup_kn_off = kn;
             config.kernfs_id_off = id;

@@ -52,11 +52,12 @@ pub enum ProbeChoice {
 /// traced event then tells the state it was in (a switch-in: it was waiting; a switch-out: it
 /// was running), whereas a wakeup seen before switches are traced would leave the switch that
 /// follows unseen.
-const BTF_PROGRAMS: [(&str, &str); 7] = [
+const BTF_PROGRAMS: [(&str, &str); 8] = [
     ("sched_switch_btf", "sched_switch"),
     ("sched_migrate_task_btf", "sched_migrate_task"),
     ("sched_wakeup_btf", "sched_wakeup"),
     ("sched_wakeup_new_btf", "sched_wakeup_new"),
+    ("sched_waking_btf", "sched_waking"),
     ("sched_process_fork_btf", "sched_process_fork"),
     ("sched_process_exec_btf", "sched_process_exec"),
     ("sched_process_exit_btf", "sched_process_exit"),
@@ -65,7 +66,7 @@ const BTF_PROGRAMS: [(&str, &str); 7] = [
 const CGROUP_PROGRAM: (&str, &str) = ("cgroup_attach_btf", "cgroup_attach_task");
 /// Classic order: thread creation first, so that the TID filter seeded next misses no thread,
 /// then as for tp_btf.
-const CLASSIC_PROGRAMS: [(&str, &str, &str); 7] = [
+const CLASSIC_PROGRAMS: [(&str, &str, &str); 8] = [
     ("task_newtask_tp", "task", "task_newtask"),
     ("sched_process_exit_tp", "sched", "sched_process_exit"),
     ("sched_process_exec_tp", "sched", "sched_process_exec"),
@@ -73,6 +74,7 @@ const CLASSIC_PROGRAMS: [(&str, &str, &str); 7] = [
     ("sched_migrate_task_tp", "sched", "sched_migrate_task"),
     ("sched_wakeup_tp", "sched", "sched_wakeup"),
     ("sched_wakeup_new_tp", "sched", "sched_wakeup_new"),
+    ("sched_waking_tp", "sched", "sched_waking"),
 ];
 
 enum Link {

@@ -5,11 +5,11 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use tracer_common::{
     BatchBuf, COUNTER_SLOTS, CudaThread, MigrationKey, Preemptor, ThreadCounters, ThreadState,
-    ThreadStats,
+    ThreadStats, WakerKey, WakerStats,
 };
 
 use super::{Reaped, SchedProbes};
-use crate::recording::Losses;
+use crate::recording::{Losses, wakers::WakerRecord};
 
 impl SchedProbes {
     fn threads_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadStats>> {
@@ -128,6 +128,17 @@ impl SchedProbes {
         Ok(map.iter().filter_map(|r| r.ok()).collect())
     }
 
+    /// Each target thread's blocked time by who ended it (`WAKERS`).
+    pub fn wakers(&self) -> Result<Vec<WakerRecord>> {
+        let map: HashMap<_, WakerKey, WakerStats> =
+            HashMap::try_from(self.ebpf.map("WAKERS").context("WAKERS map")?)?;
+        Ok(map
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(k, v)| WakerRecord::from_kernel(&k, &v))
+            .collect())
+    }
+
     pub fn migrations(&self) -> Result<Vec<(MigrationKey, u64)>> {
         let map: HashMap<_, MigrationKey, u64> =
             HashMap::try_from(self.ebpf.map("MIGRATIONS").context("MIGRATIONS map")?)?;
@@ -152,6 +163,7 @@ impl SchedProbes {
             clock_checks: sums[7],
             clock_error_ns: sums[8],
             child_map_full: sums[9],
+            waker_map_full: sums[10],
         })
     }
 }

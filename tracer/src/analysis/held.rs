@@ -1,0 +1,142 @@
+//! What held a request's serving thread up while it was off the CPU, piece by piece: a lock
+//! another thread of its process held (a futex wait that thread ended, or that timed out while
+//! it ran), or a runtime pause of its process (a garbage collection). Built once per recording
+//! for the request decomposition.
+
+use std::collections::HashMap;
+
+use crate::recording::{
+    Recording,
+    timeline::{Interval, State, Timelines},
+    wakers::BlockedIn,
+};
+
+/// A thread's on-CPU stretches, sorted by start, with the longest one's length (for the
+/// backward reach of an overlap query).
+#[derive(Default)]
+struct Runs {
+    runs: Vec<(u64, u64, u32)>,
+    longest: u64,
+}
+
+impl Runs {
+    /// `(tid, ns)` of each thread that ran during `[s, e)`, but `not`.
+    fn during(&self, s: u64, e: u64, not: u32) -> Vec<(u32, u64)> {
+        let from = self
+            .runs
+            .partition_point(|r| r.0 + self.longest <= s)
+            .min(self.runs.len());
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        for &(a, b, tid) in self.runs[from..].iter().take_while(|r| r.0 < e) {
+            let ov = b.min(e).saturating_sub(a.max(s));
+            if ov == 0 || tid == not {
+                continue;
+            }
+            match out.iter_mut().find(|(t, _)| *t == tid) {
+                Some(x) => x.1 += ov,
+                None => out.push((tid, ov)),
+            }
+        }
+        out
+    }
+}
+
+/// What a lock wait's piece is put down to.
+pub struct LockWait {
+    /// The threads that held it, with how much of the piece each accounts for (ns).
+    pub holders: Vec<(u32, f64)>,
+}
+
+/// Per process of the set, its threads' on-CPU stretches and its runtime pauses.
+pub struct Held {
+    process_of: HashMap<u32, u32>,
+    runs: HashMap<u32, Runs>,
+    /// Per process, its pauses (start, end), sorted and merged.
+    pauses: HashMap<u32, Vec<(u64, u64)>>,
+}
+
+impl Held {
+    pub fn build(rec: &Recording, timelines: &Timelines) -> Self {
+        let process_of: HashMap<u32, u32> = rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
+        let mut runs: HashMap<u32, Runs> = HashMap::new();
+        for t in timelines.values() {
+            let Some(&pid) = process_of.get(&t.tid) else {
+                continue;
+            };
+            let r = runs.entry(pid).or_default();
+            for i in t.intervals.iter().filter(|i| i.state == State::Running) {
+                r.runs.push((i.start_ns, i.end_ns, t.tid));
+                r.longest = r.longest.max(i.end_ns - i.start_ns);
+            }
+        }
+        for r in runs.values_mut() {
+            r.runs.sort_unstable();
+        }
+        let mut pauses: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for p in &rec.runtime_pauses {
+            let pid = process_of.get(&p.tid).copied().unwrap_or(p.pid);
+            pauses.entry(pid).or_default().push((p.start_ns, p.end_ns));
+        }
+        for v in pauses.values_mut() {
+            v.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+            for &(a, b) in v.iter() {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            *v = merged;
+        }
+        Self {
+            process_of,
+            runs,
+            pauses,
+        }
+    }
+
+    /// Time of `[s, e)` inside a runtime pause of `tid`'s process: while a collection holds
+    /// the interpreter, none of its threads runs Python, whichever one collects.
+    pub fn paused(&self, tid: u32, s: u64, e: u64) -> u64 {
+        let Some(v) = self.process_of.get(&tid).and_then(|p| self.pauses.get(p)) else {
+            return 0;
+        };
+        let from = v.partition_point(|x| x.1 <= s);
+        v[from..]
+            .iter()
+            .take_while(|x| x.0 < e)
+            .map(|x| x.1.min(e).saturating_sub(x.0.max(s)))
+            .sum()
+    }
+
+    /// Whether the blocked piece `[s, e)` of `i` (a blocked interval of `tid`) was a wait for
+    /// a lock another thread of the process held: blocked in a futex, and ended by a thread of
+    /// the process, or ended otherwise (a timed wait's timeout: CPython's GIL waits 5 ms at a
+    /// time) while threads of the process ran for at least half of it. The holders are the
+    /// waker, or the threads that ran, by their time.
+    pub fn lock_wait(&self, tid: u32, i: &Interval, s: u64, e: u64) -> Option<LockWait> {
+        let w = i.woken?;
+        if BlockedIn::of(w.syscall) != BlockedIn::Futex {
+            return None;
+        }
+        let pid = *self.process_of.get(&tid)?;
+        let len = e.saturating_sub(s) as f64;
+        if w.by != 0 && w.by != tid && self.process_of.get(&w.by) == Some(&pid) {
+            return Some(LockWait {
+                holders: vec![(w.by, len)],
+            });
+        }
+        let ran = self.runs.get(&pid)?.during(i.start_ns, i.end_ns, tid);
+        let total: u64 = ran.iter().map(|r| r.1).sum();
+        let whole = (i.end_ns - i.start_ns).max(1);
+        if total * 2 < whole {
+            return None;
+        }
+        Some(LockWait {
+            holders: ran
+                .into_iter()
+                .map(|(t, ns)| (t, len * ns as f64 / total as f64))
+                .collect(),
+        })
+    }
+}

@@ -1,0 +1,260 @@
+//! Causes beyond scheduling, cache and GPU load: lock waits (the GIL among them), runtime
+//! pauses (garbage collection) and host-bound GPU work. From the tail's excess where requests
+//! say where it went; from the window's totals otherwise. Thresholds: docs/ATTRIBUTION.md.
+
+use super::{
+    evidence::{ms, pct},
+    gpu::{GPU_BUSY_PCT, target_gpu_util},
+    mechanism::{Holder, Mechanism},
+    model::Cause,
+};
+use crate::{
+    analysis::{
+        requests::{HolderTime, RequestAnalysis},
+        summary::Summary,
+        wakers::WakerKind,
+    },
+    recording::{printable, wakers::BlockedIn},
+};
+
+/// Over the window: a busy thread's futex waits held by threads of its process, counted when
+/// they are at least this share of the time the threads wanted a CPU.
+pub const LOCK_MIN: f64 = 0.10;
+/// A waiting thread counts when on a CPU at least this share of the window (an idle worker
+/// waiting for work is not held up), and a holder when on a CPU at least this share.
+pub const LOCK_WAITER_BUSY: f64 = 0.10;
+pub const LOCK_HOLDER_BUSY: f64 = 0.50;
+/// Collections taking at least this share of the window.
+pub const GC_MIN: f64 = 0.05;
+/// Host-bound: a GPU-using thread on its CPU outside CUDA waits for this share of the window,
+/// launching at least `LAUNCH_RATE_MIN` kernels a second, its GPU below `GPU_BUSY_PCT`.
+pub const HOST_ONCPU_MIN: f64 = 0.60;
+pub const LAUNCH_RATE_MIN: f64 = 100.0;
+
+/// The holders named, with their share of the waiting.
+fn holders(s: &Summary, times: &[HolderTime]) -> Vec<Holder> {
+    let total: f64 = times.iter().map(|h| h.ns).sum::<f64>().max(1e-9);
+    times
+        .iter()
+        .take(4)
+        .map(|h| {
+            let t = s.threads.iter().find(|t| t.tid == h.tid);
+            Holder {
+                tid: h.tid,
+                pid: t.map_or(0, |t| t.pid),
+                comm: t.map_or_else(String::new, |t| t.comm.clone()),
+                share: h.ns / total,
+            }
+        })
+        .enumerate()
+        // Holders of a sliver of the wait are noise in the text: the largest always stays.
+        .filter(|(i, h)| *i == 0 || h.share >= 0.05)
+        .map(|(_, h)| h)
+        .collect()
+}
+
+/// Whether the process `pid` runs CPython, so its Python threads' lock is the GIL.
+fn is_python(s: &Summary, pid: u32) -> bool {
+    s.process(pid).is_some_and(|p| p.python.is_some())
+}
+
+fn oncpu_share(s: &Summary, tid: u32) -> Option<f64> {
+    let t = s.threads.iter().find(|t| t.tid == tid)?;
+    Some(t.totals.time.oncpu_ns as f64 / s.duration_ns.max(1) as f64)
+}
+
+fn lock_cause(s: &Summary, hs: Vec<Holder>, share: f64, evidence: String) -> Cause {
+    let gil = hs.first().is_some_and(|h| is_python(s, h.pid));
+    let how = match (gil, s.process(hs.first().map_or(0, |h| h.pid))) {
+        (true, Some(p)) => format!(
+            "; the process runs CPython {} ({}), and a futex its threads hand over is the GIL",
+            p.python.as_ref().map_or("", |p| p.version.as_str()),
+            p.python.as_ref().map_or("", |p| p.how.as_str())
+        ),
+        _ => String::new(),
+    };
+    let held: Vec<String> = hs
+        .iter()
+        .take(2)
+        .map(|h| {
+            format!(
+                "thread {} ({}) ended {} of it and was on a CPU {} of the window",
+                h.tid,
+                printable(&h.comm),
+                pct(h.share, ""),
+                oncpu_share(s, h.tid).map_or("?".into(), |x| pct(x, ""))
+            )
+        })
+        .collect();
+    Cause::new(
+        Mechanism::LockWait { holders: hs, gil },
+        share,
+        format!("{evidence}; {}{how}", held.join("; ")),
+    )
+}
+
+/// The tail's lock waits and collections, as shares of the excess (`share` of a part).
+pub fn tail_causes(s: &Summary, r: &RequestAnalysis, share: &dyn Fn(f64) -> f64) -> Vec<Cause> {
+    let (t, m) = (&r.tail.mean, &r.median.mean);
+    let mut out = vec![lock_cause(
+        s,
+        holders(s, &r.tail.lock_holders),
+        share(r.excess.lock_wait_ns),
+        format!(
+            "blocked in a futex another thread of the process held: {} in tail requests vs {} in median ones",
+            ms(t.lock_wait_ns),
+            ms(m.lock_wait_ns)
+        ),
+    )];
+    if let Some(c) = gc_cause(s, share(r.excess.runtime_pause_ns)) {
+        out.push(Cause {
+            evidence: format!(
+                "inside a collection of the serving process: {} in tail requests vs {} in median ones; {}",
+                ms(t.runtime_pause_ns),
+                ms(m.runtime_pause_ns),
+                c.evidence
+            ),
+            ..c
+        });
+    }
+    out
+}
+
+fn gc_cause(s: &Summary, share: f64) -> Option<Cause> {
+    let longest = s.gc.iter().max_by_key(|g| g.max_ns)?;
+    let n: u64 = s.gc.iter().map(|g| g.collections).sum();
+    let total: u64 = s.gc.iter().map(|g| g.total_ns).sum();
+    Some(Cause::new(
+        Mechanism::GcPause {
+            collections: n,
+            longest_ns: longest.max_ns,
+            generation: longest.max_generation,
+        },
+        share,
+        format!(
+            "{n} collections took {} of the window in all ({}); the longest {} on thread {}, generation {}",
+            ms(total as f64),
+            pct(total as f64 / s.duration_ns.max(1) as f64, ""),
+            ms(longest.max_ns as f64),
+            longest.tid,
+            longest.max_generation.map_or("?".into(), |g| g.to_string())
+        ),
+    ))
+}
+
+/// Lock waits over the window, from the kernel's totals by waker: a busy thread's futex waits
+/// ended by a thread of its process, or by a timeout (an interrupt) while a busy thread of its
+/// process ran. (ns lost, cause.)
+fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
+    let window = s.duration_ns.max(1) as f64;
+    let busy = |tid: u32| oncpu_share(s, tid).unwrap_or(0.0);
+    let mut lost = 0.0;
+    let mut by: Vec<HolderTime> = Vec::new();
+    let mut add = |tid: u32, ns: f64| match by.iter_mut().find(|h| h.tid == tid) {
+        Some(h) => h.ns += ns,
+        None => by.push(HolderTime { tid, ns }),
+    };
+    for p in s
+        .held_up_by
+        .iter()
+        .filter(|p| p.blocked_in == BlockedIn::Futex && busy(p.tid) >= LOCK_WAITER_BUSY)
+    {
+        let ns = p.blocked_ns as f64;
+        match p.by.kind {
+            WakerKind::SameProcess if busy(p.by.tid) >= LOCK_HOLDER_BUSY => {
+                lost += ns;
+                add(p.by.tid, ns);
+            }
+            WakerKind::Interrupt | WakerKind::KernelThread => {
+                // A timed wait that expired: held by the busiest other thread of the process.
+                let holder = s
+                    .threads
+                    .iter()
+                    .filter(|t| t.pid == p.pid && t.tid != p.tid)
+                    .max_by_key(|t| t.totals.time.oncpu_ns)
+                    .filter(|t| t.totals.time.oncpu_ns as f64 >= LOCK_HOLDER_BUSY * window);
+                if let Some(h) = holder {
+                    lost += ns;
+                    add(h.tid, ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    if lost / wanted < LOCK_MIN {
+        return None;
+    }
+    by.sort_by(|a, b| b.ns.total_cmp(&a.ns));
+    let cause = lock_cause(
+        s,
+        holders(s, &by),
+        0.0,
+        format!(
+            "busy threads waited {} in futexes other busy threads of their process held ({} of the time the threads wanted a CPU)",
+            ms(lost),
+            pct(lost / wanted, "")
+        ),
+    );
+    Some((lost, cause))
+}
+
+/// A GPU-using thread on its CPU most of the window outside CUDA waits, launching kernels,
+/// while its GPU was partly idle: the host paces the GPU. A thread spinning inside a
+/// synchronizing call is waiting for the GPU, not pacing it: its time in those calls is taken
+/// off its on-CPU time first.
+fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
+    let util = target_gpu_util(s)?;
+    if util >= GPU_BUSY_PCT {
+        return None;
+    }
+    let window = s.duration_ns.max(1) as f64;
+    let secs = window / 1e9;
+    let (t, outside) = s
+        .threads
+        .iter()
+        .filter_map(|t| {
+            let c = t.cuda.as_ref()?;
+            let outside = t.totals.time.oncpu_ns.saturating_sub(c.sync_ns) as f64;
+            (c.launches as f64 / secs >= LAUNCH_RATE_MIN).then_some((t, outside))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let share = outside / window;
+    if share < HOST_ONCPU_MIN {
+        return None;
+    }
+    let launches = t.cuda.as_ref().map_or(0, |c| c.launches) as f64 / secs;
+    let idle = 100.0 - util;
+    Some((
+        outside * idle / 100.0,
+        Cause::new(
+            Mechanism::LaunchOverhead {
+                oncpu_share: share,
+                launches_per_s: launches,
+                gpu_idle_pct: idle,
+            },
+            0.0,
+            format!(
+                "thread {} ({}) was on a CPU {} of the window outside synchronizing CUDA calls \
+                 and launched {launches:.0} kernels a second, while its GPU was {util:.0}% busy: \
+                 the GPU waited for the host between steps",
+                t.tid,
+                printable(&t.comm),
+                pct(share, "")
+            ),
+        ),
+    ))
+}
+
+/// The window's causes of this family: (ns lost, cause).
+pub fn window_causes(s: &Summary, wanted: f64) -> Vec<(f64, Cause)> {
+    let mut out: Vec<(f64, Cause)> = Vec::new();
+    out.extend(window_lock(s, wanted));
+    let gc: u64 = s.gc.iter().map(|g| g.total_ns).sum();
+    if gc as f64 >= GC_MIN * s.duration_ns.max(1) as f64
+        && let Some(c) = gc_cause(s, 0.0)
+    {
+        out.push((gc as f64, c));
+    }
+    out.extend(host_bound(s));
+    out
+}

@@ -1,0 +1,224 @@
+//! Who held up whom: each target thread's blocked time by the task that ended it (the
+//! kernel's `WAKERS` totals), the largest pairs per process, and one hop further inside the
+//! service: what the waker itself was doing (on a CPU, or waiting in turn for someone).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::recording::{
+    Recording, printable,
+    wakers::{BlockedIn, WakerRecord},
+};
+
+/// Pairs kept per thread, and per process of the set.
+pub const PAIRS_PER_THREAD: usize = 3;
+pub const PAIRS_PER_PROCESS: usize = 20;
+
+/// What kind of task ended a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WakerKind {
+    /// Another thread of the waiting thread's process.
+    SameProcess,
+    /// A thread of another process of the service (the target set).
+    Member,
+    /// A process outside the set.
+    OtherProcess,
+    /// A kernel thread (kworker, ksoftirqd, an interrupt thread).
+    KernelThread,
+    /// An interrupt on an idle CPU (the idle task was current): a timer, I/O completion.
+    Interrupt,
+    /// The GPU driver's completion path: an interrupt or kernel thread ended a wait in the
+    /// driver (ioctl or poll) of a thread that makes synchronizing CUDA calls.
+    GpuDriver,
+}
+
+/// The task that ended a wait.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct WakerRef {
+    pub tid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub kind: WakerKind,
+}
+
+impl WakerRef {
+    /// "thread 12 (python3)", "kworker/0:1 (kernel thread)", "an interrupt".
+    pub fn describe(&self) -> String {
+        let comm = printable(&self.comm);
+        match self.kind {
+            WakerKind::Interrupt => "an interrupt (the CPU was idle)".into(),
+            WakerKind::GpuDriver => "the GPU driver (its completion interrupt)".into(),
+            WakerKind::KernelThread => format!("{comm} (kernel thread)"),
+            WakerKind::SameProcess => format!("thread {} ({comm})", self.tid),
+            _ => format!("{comm} (PID {}, thread {})", self.pid, self.tid),
+        }
+    }
+}
+
+/// One thread's waits that one task ended, in one kind of system call.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HeldUp {
+    /// The thread that waited, and its process.
+    pub tid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub by: WakerRef,
+    pub blocked_in: BlockedIn,
+    pub blocked_ns: u64,
+    pub wakeups: u64,
+    pub max_ns: u64,
+    /// Share of the waiting thread's blocked time.
+    pub share_of_blocked: f64,
+    /// One hop on, for a waker of the set: the share of the window it was on a CPU (a holder
+    /// working while the other waits), and the task that ended most of its own waiting.
+    pub waker_oncpu_share: Option<f64>,
+    pub waker_held_up_by: Option<WakerRef>,
+}
+
+/// Every thread's waits by waker, as the summary lists them, largest first: each thread's
+/// `PAIRS_PER_THREAD` largest, at most `PAIRS_PER_PROCESS` for each process.
+pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
+    let threads: HashMap<u32, &crate::recording::ThreadRecord> =
+        rec.threads.iter().map(|t| (t.tid, t)).collect();
+    let members: std::collections::HashSet<u32> = rec.processes.iter().map(|p| p.pid).collect();
+    let window = rec.duration_ns().max(1) as f64;
+    let pid_of = |tid: u32| threads.get(&tid).map(|t| t.pid);
+    let syncs = |tid: u32| {
+        threads
+            .get(&tid)
+            .and_then(|t| t.cuda.as_ref())
+            .is_some_and(|c| c.sync_calls > 0)
+    };
+    let waker_of = |w: &WakerRecord| -> WakerRef {
+        let pid = if w.waker_tgid != 0 {
+            w.waker_tgid
+        } else {
+            pid_of(w.waker_tid).unwrap_or(0)
+        };
+        let own = pid_of(w.tid).unwrap_or(0);
+        let in_driver = matches!(w.blocked_in(), BlockedIn::Ioctl | BlockedIn::Poll);
+        let kind = if (w.waker_tid == 0 || w.kernel_thread) && in_driver && syncs(w.tid) {
+            WakerKind::GpuDriver
+        } else if w.waker_tid == 0 {
+            WakerKind::Interrupt
+        } else if w.kernel_thread {
+            WakerKind::KernelThread
+        } else if pid == own {
+            WakerKind::SameProcess
+        } else if members.contains(&pid) || threads.contains_key(&w.waker_tid) {
+            WakerKind::Member
+        } else {
+            WakerKind::OtherProcess
+        };
+        WakerRef {
+            tid: w.waker_tid,
+            pid,
+            comm: w.waker_comm.clone(),
+            kind,
+        }
+    };
+    // Each thread's largest waker, for the hop.
+    let mut top: HashMap<u32, &WakerRecord> = HashMap::new();
+    for w in &rec.wakers {
+        let e = top.entry(w.tid).or_insert(w);
+        if w.blocked_ns > e.blocked_ns {
+            *e = w;
+        }
+    }
+    let mut pairs: Vec<HeldUp> = rec
+        .wakers
+        .iter()
+        .filter(|w| w.blocked_ns > 0)
+        .filter_map(|w| {
+            let t = threads.get(&w.tid)?;
+            let by = waker_of(w);
+            let inside = matches!(by.kind, WakerKind::SameProcess | WakerKind::Member);
+            let waker = threads.get(&w.waker_tid).filter(|_| inside);
+            Some(HeldUp {
+                tid: w.tid,
+                pid: t.pid,
+                comm: t.comm.clone(),
+                blocked_in: w.blocked_in(),
+                blocked_ns: w.blocked_ns,
+                wakeups: w.count,
+                max_ns: w.max_ns,
+                share_of_blocked: w.blocked_ns as f64 / t.totals.time.blocked_ns.max(1) as f64,
+                waker_oncpu_share: waker.map(|b| b.totals.time.oncpu_ns as f64 / window),
+                waker_held_up_by: waker.and_then(|b| top.get(&b.tid)).map(|w2| waker_of(w2)),
+                by,
+            })
+        })
+        .collect();
+    pairs.sort_by(|a, b| {
+        b.blocked_ns
+            .cmp(&a.blocked_ns)
+            .then((a.tid, a.by.tid).cmp(&(b.tid, b.by.tid)))
+    });
+    let (mut per, mut each): (HashMap<u32, usize>, HashMap<u32, usize>) = Default::default();
+    pairs.retain(|p| {
+        let t = each.entry(p.tid).or_default();
+        *t += 1;
+        if *t > PAIRS_PER_THREAD {
+            return false;
+        }
+        let n = per.entry(p.pid).or_default();
+        *n += 1;
+        *n <= PAIRS_PER_PROCESS
+    });
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::testutil::{recording, thread};
+
+    fn waker(tid: u32, waker_tid: u32, waker_tgid: u32, syscall: u32, ns: u64) -> WakerRecord {
+        WakerRecord {
+            tid,
+            waker_tid,
+            waker_tgid,
+            waker_comm: format!("w{waker_tid}"),
+            kernel_thread: false,
+            syscall: Some(syscall),
+            blocked_ns: ns,
+            count: 10,
+            max_ns: ns / 5,
+            hist: vec![],
+        }
+    }
+
+    #[test]
+    fn pairs_are_ranked_with_the_kind_of_waker_and_one_hop() {
+        let mut rec = recording(
+            vec![thread(10, 100, 1_000, &[]), thread(11, 900_000_000, 0, &[])],
+            vec![],
+        );
+        rec.end_ns = rec.start_ns + 1_000_000_000;
+        rec.threads[0].totals.time.blocked_ns = 800_000_000;
+        rec.threads[0].pid = 10;
+        rec.threads[1].pid = 10;
+        rec.wakers = vec![
+            waker(10, 11, 10, 202, 600_000_000),
+            waker(10, 0, 0, 232, 100_000_000),
+            waker(10, 77, 77, 0, 50_000_000),
+            waker(11, 0, 0, 35, 1_000),
+        ];
+        let p = summarize(&rec);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p[0].by.kind, WakerKind::SameProcess);
+        assert_eq!(p[0].blocked_in, BlockedIn::of(Some(202)));
+        assert!((p[0].share_of_blocked - 0.75).abs() < 1e-9);
+        // The holder was on a CPU 900 ms of the 1 s window; its own waits ended by an interrupt.
+        assert!((p[0].waker_oncpu_share.unwrap() - 0.9).abs() < 1e-9);
+        assert_eq!(
+            p[0].waker_held_up_by.as_ref().map(|w| w.kind),
+            Some(WakerKind::Interrupt)
+        );
+        assert_eq!(p[1].by.kind, WakerKind::Interrupt);
+        assert_eq!(p[2].by.kind, WakerKind::OtherProcess);
+        assert!(p[2].waker_oncpu_share.is_none());
+    }
+}
