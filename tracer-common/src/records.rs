@@ -35,6 +35,11 @@ pub enum EventKind {
     /// A thread that was not the process's main one exec'd and took over the main TID
     /// (`tid`, the TGID). `aux`: the TID it had, which ends here.
     Exec = 13,
+    /// A garbage collection began (CPython's `gc__start` USDT probe). `value`: the generation
+    /// (with `aux` 1; 0: not read).
+    GcStart = 14,
+    /// A garbage collection ended (`gc__done`). `value`: objects collected (with `aux` 1).
+    GcDone = 15,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -54,6 +59,8 @@ impl TryFrom<u32> for EventKind {
             10 => Self::CudaSync,
             11 => Self::RequestStart,
             12 => Self::RequestEnd,
+            14 => Self::GcStart,
+            15 => Self::GcDone,
             other => return Err(other),
         })
     }

@@ -102,3 +102,21 @@ pub const NO_REQUEST_ID: u32 = u32::MAX;
 /// Attach cookies of the request marker uprobe.
 pub const REQUEST_START_COOKIE: u64 = 0;
 pub const REQUEST_END_COOKIE: u64 = 1;
+
+/// The attach cookie of a USDT probe of the garbage collector (`python:gc__start`,
+/// `python:gc__done`): which probe it is and where its argument is, decoded from the probe's
+/// argument spec (`-4@112(%rsp)`, `-8@%r12`) by userspace. Bits 0-7: `GC_START`/`GC_DONE`;
+/// 8-15: the register, as the index of its 8-byte slot in `struct pt_regs` (`GC_ARG_NONE`:
+/// no argument read); bit 16: the argument is in memory at register + offset; 17-20: its size
+/// in bytes; bits 32-63: the offset (signed).
+pub const GC_START: u64 = 0;
+pub const GC_DONE: u64 = 1;
+pub const GC_ARG_NONE: u64 = 0xff;
+pub const GC_ARG_MEMORY: u64 = 1 << 16;
+
+pub const fn gc_cookie(kind: u64, reg: u64, memory: bool, size: u64, offset: i32) -> u64 {
+    kind | (reg << 8)
+        | if memory { GC_ARG_MEMORY } else { 0 }
+        | ((size & 0xf) << 17)
+        | ((offset as u32 as u64) << 32)
+}

@@ -25,6 +25,8 @@ mod floor;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod pauses;
+#[cfg(target_arch = "bpf")]
 mod pidns;
 #[cfg(target_arch = "bpf")]
 mod requests;

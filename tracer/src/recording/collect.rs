@@ -31,6 +31,9 @@ pub struct Collector {
     cuda_launches: BTreeMap<u32, BTreeMap<u64, u64>>,
     timeline: Option<Timeline>,
     requests: Pairing,
+    /// Collections begun and not ended, by thread (start, generation); and those ended.
+    gc_open: foldhash::HashMap<u32, (u64, Option<u32>)>,
+    pauses: Vec<super::pauses::RuntimePause>,
     /// Records seen.
     pub records: u64,
 }
@@ -45,6 +48,8 @@ impl Collector {
             cuda_launches: BTreeMap::new(),
             timeline: keep.then(Timeline::default),
             requests: Pairing::default(),
+            gc_open: Default::default(),
+            pauses: Vec::new(),
             records: 0,
         }
     }
@@ -70,6 +75,23 @@ impl Collector {
                         end_ns: ev.ts_ns,
                         function: ev.aux,
                     }),
+                    Ok(EventKind::GcStart) => {
+                        let generation = (ev.aux == 1).then_some(ev.value as u32);
+                        self.gc_open.insert(ev.tid, (ev.ts_ns, generation));
+                    }
+                    Ok(EventKind::GcDone) => {
+                        // A collection that began before the probes were attached has no start.
+                        if let Some((start, generation)) = self.gc_open.remove(&ev.tid) {
+                            self.pauses.push(super::pauses::RuntimePause {
+                                tid: ev.tid,
+                                pid: 0,
+                                start_ns: start,
+                                end_ns: ev.ts_ns,
+                                generation,
+                                collected: (ev.aux == 1).then_some(ev.value),
+                            });
+                        }
+                    }
                     Ok(EventKind::CudaLaunch) => {
                         let bin = self.bin_of(ev.ts_ns);
                         *self
@@ -142,6 +164,16 @@ impl Collector {
         syncs.retain(|s| s.end_ns <= end);
         rec.cuda_syncs = syncs;
         rec.cuda_launch_bins = self.cuda_launches;
+        // Each pause's process, from its thread; the ones wholly in the window, in time order.
+        let pid_of: std::collections::HashMap<u32, u32> =
+            rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
+        let mut pauses = self.pauses;
+        pauses.retain(|p| p.start_ns >= rec.start_ns && p.end_ns <= end);
+        for p in &mut pauses {
+            p.pid = pid_of.get(&p.tid).copied().unwrap_or(rec.target.pid);
+        }
+        pauses.sort_by_key(|p| p.start_ns);
+        rec.runtime_pauses = pauses;
         rec.counter_bins = self.bins;
         let mut timeline = self.timeline.unwrap_or_default();
         timeline.events.sort_by_key(|e| e.ts_ns);

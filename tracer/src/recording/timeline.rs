@@ -205,7 +205,9 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             | EventKind::CudaLaunch
             | EventKind::CudaSync
             | EventKind::RequestStart
-            | EventKind::RequestEnd => {}
+            | EventKind::RequestEnd
+            | EventKind::GcStart
+            | EventKind::GcDone => {}
         }
     }
     for t in threads.values_mut() {

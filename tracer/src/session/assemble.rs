@@ -246,7 +246,7 @@ pub fn recording(
         target_cgroup: cgroup2_of(target.proc_pid),
         wakers: probes.wakers()?,
         runtime_pauses: vec![],
-        pause_probes: vec![],
+        pause_probes: probes.pause_probes.clone(),
     };
     rec.pid_namespace = target
         .namespace_ids()

@@ -163,6 +163,13 @@ pub async fn record(
     // kernel's TGID, set at load.
     let proc_pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
     probes.attach_cuda(&proc_pids)?;
+    probes.attach_gc(
+        &targets
+            .members
+            .iter()
+            .map(|t| (t.proc_pid, t.pid))
+            .collect::<Vec<_>>(),
+    );
     if let Some(m) = &opts.probes.markers {
         probes.attach_markers(&proc_pids, m)?;
     }

@@ -82,6 +82,9 @@ fn explain_queueing(mut causes: Vec<Cause>, window: &[Cause]) -> Vec<Cause> {
     let queue = causes.remove(q);
     for w in window {
         let add = queue.share * w.share;
+        if add < 0.005 {
+            continue;
+        }
         match causes.iter_mut().find(|c| c.mechanism == w.mechanism) {
             Some(c) => {
                 c.share += add;

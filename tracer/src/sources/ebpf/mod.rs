@@ -10,6 +10,7 @@ pub mod layout;
 mod read;
 pub mod requests;
 mod slots;
+pub mod usdt;
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -130,6 +131,11 @@ pub struct SchedProbes {
     pub cuda: crate::recording::Capability,
     /// Request marker uprobes.
     marker_links: Vec<aya::programs::uprobe::UProbeLink>,
+    /// CPython's GC probes, per interpreter file, with the semaphores raised for them.
+    gc_probes: Vec<usdt::GcProbes>,
+    gc_files: Vec<std::path::PathBuf>,
+    /// For each CPython member, whether its collections are traced.
+    pub pause_probes: Vec<crate::recording::pauses::PauseProbe>,
     slots: slots::ThreadSlots,
     /// Calls of `reap_dead` so far.
     reaps: u64,
@@ -392,6 +398,9 @@ impl SchedProbes {
                 reason: "CUDA probes not attached".into(),
             },
             marker_links: Vec::new(),
+            gc_probes: Vec::new(),
+            gc_files: Vec::new(),
+            pause_probes: Vec::new(),
             slots,
             reaps: 0,
             follow_cgroups: false,
@@ -485,6 +494,33 @@ impl SchedProbes {
         Ok(())
     }
 
+    /// Attaches the GC probes of each CPython member (`(its /proc PID, its PID)`): the uprobes
+    /// once per interpreter file, the semaphores in every process. A member whose interpreter
+    /// has no USDT notes, or whose probes cannot be attached, is noted with why.
+    pub fn attach_gc(&mut self, members: &[(u32, u32)]) {
+        for &(proc_pid, pid) in members {
+            let Some(py) = crate::sources::python::detect(proc_pid) else {
+                continue;
+            };
+            let path = crate::sources::python::host_path(proc_pid, &py);
+            let canon = std::fs::canonicalize(&path).unwrap_or(path.clone());
+            let attached = if let Some(i) = self.gc_files.iter().position(|f| *f == canon) {
+                self.gc_probes[i].raise_in(proc_pid, &py.path, &path)
+            } else {
+                usdt::attach_gc(&mut self.ebpf, proc_pid, &py.path, &path).map(|g| {
+                    self.gc_files.push(canon);
+                    self.gc_probes.push(g);
+                })
+            };
+            self.pause_probes
+                .push(crate::recording::pauses::PauseProbe {
+                    pid,
+                    attached: attached.is_ok(),
+                    reason: attached.err().map(|e| format!("{e:#}")),
+                });
+        }
+    }
+
     /// Detaches the scheduler probes, context switch first. The maps stay readable.
     pub fn detach_sched(&mut self) {
         while let Some(link) = self.links.pop() {
@@ -498,11 +534,18 @@ impl SchedProbes {
     pub fn detach_uprobes(&mut self) {
         let mut links = std::mem::take(&mut self.cuda_probes.links);
         links.append(&mut self.marker_links);
+        let mut semaphores = Vec::new();
+        for g in &mut self.gc_probes {
+            links.append(&mut g.links);
+            semaphores.append(&mut g.semaphores);
+        }
         std::thread::scope(|s| {
             for link in links {
                 s.spawn(move || drop(link));
             }
         });
+        // Lowered once nothing probes them.
+        drop(semaphores);
     }
 
     /// Detaches everything.
