@@ -7,14 +7,17 @@ use anyhow::{Context as _, Result};
 
 use crate::{as_root, cargo, run, setup, workspace_root};
 
-const CPU: [&str; 5] = [
+const CPU: [&str; 8] = [
     "quiet",
     "cpu-contention",
     "cfs-throttle",
     "migration-storm",
     "cache-thrash",
+    "lock-contention",
+    "gil-contention",
+    "gc-pause",
 ];
-const GPU: [&str; 2] = ["gpu-saturation", "gpu-sync-stall"];
+const GPU: [&str; 3] = ["gpu-saturation", "gpu-sync-stall", "host-bound"];
 
 fn has_gpu() -> bool {
     Command::new("nvidia-smi")

@@ -73,9 +73,46 @@ pub struct GpuDeviceSummary {
     pub pcie_tx_kib_s: Option<f64>,
     pub pcie_rx_kib_s: Option<f64>,
     pub clock_event_reasons: Vec<ReasonShare>,
+    /// The time each policy held the clocks down in the window, from NVML's cumulative
+    /// violation counters at the first and last polls (policies with none left out).
+    pub clock_violations: Vec<ClockViolationShare>,
     /// Averages over the window; null without GPM.
     pub gpm: Option<GpmSummary>,
     pub series: Vec<GpuPoint>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ClockViolationShare {
+    /// `power`, `thermal`, `sync_boost`, `board_limit`, `low_utilization`, `reliability`,
+    /// `total_app_clocks`, `total_base_clocks` (NVML's performance policies).
+    pub policy: String,
+    pub ns: u64,
+    /// Share of the time between the two polls.
+    pub share: f64,
+}
+
+/// Each policy's violation time between the first and the last poll.
+fn violations(polls: &[&GpuPoll]) -> Vec<ClockViolationShare> {
+    let (Some(a), Some(b)) = (polls.first(), polls.last()) else {
+        return vec![];
+    };
+    let span = b.t_ns.saturating_sub(a.t_ns).max(1) as f64;
+    crate::recording::gpu::VIOLATION_POLICIES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, policy)| {
+            let (x, y) = (
+                a.violation_ns.get(i).copied()??,
+                b.violation_ns.get(i).copied()??,
+            );
+            let ns = y.saturating_sub(x);
+            (ns > 0).then(|| ClockViolationShare {
+                policy: policy.to_string(),
+                ns,
+                share: ns as f64 / span,
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -208,6 +245,7 @@ fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDevice
         pcie_tx_kib_s: mean(polls.iter().map(|p| p.pcie_tx_kib_s)),
         pcie_rx_kib_s: mean(polls.iter().map(|p| p.pcie_rx_kib_s)),
         clock_event_reasons,
+        clock_violations: violations(&polls),
         gpm,
         series: polls
             .iter()

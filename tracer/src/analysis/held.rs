@@ -140,3 +140,81 @@ impl Held {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        analysis::testutil::{recording, thread},
+        recording::timeline::{ThreadTimeline, Woken},
+    };
+
+    fn iv(s: u64, e: u64, state: State, woken: Option<Woken>) -> Interval {
+        Interval {
+            start_ns: s,
+            end_ns: e,
+            state,
+            cpu: Some(0),
+            wait: None,
+            woken,
+        }
+    }
+
+    #[test]
+    fn futex_waits_a_sibling_ended_or_outran_are_lock_waits() {
+        let rec = recording(vec![thread(1, 0, 0, &[]), thread(2, 0, 0, &[])], vec![]);
+        let mut tl = Timelines::new();
+        let t = |tid, intervals| {
+            let mut t = ThreadTimeline::default();
+            t.tid = tid;
+            t.intervals = intervals;
+            t
+        };
+        // Thread 2 runs 0-80 and 100-200.
+        tl.insert(
+            2,
+            t(
+                2,
+                vec![
+                    iv(0, 80, State::Running, None),
+                    iv(100, 200, State::Running, None),
+                ],
+            ),
+        );
+        let held = Held::build(&rec, &tl);
+        let futex = 202u32;
+        let by = |by, syscall| {
+            Some(Woken {
+                by,
+                syscall,
+                flags: 0,
+            })
+        };
+        // Woken by the sibling: all of it is the sibling's.
+        let w = held
+            .lock_wait(1, &iv(0, 50, State::Blocked, by(2, Some(futex))), 0, 50)
+            .unwrap();
+        assert_eq!(w.holders, vec![(2, 50.0)]);
+        if cfg!(target_arch = "x86_64") {
+            // A timeout (the idle task woke it) while the sibling ran 80 of 100 ns: its.
+            let w = held
+                .lock_wait(1, &iv(0, 100, State::Blocked, by(0, Some(futex))), 0, 100)
+                .unwrap();
+            assert_eq!(w.holders, vec![(2, 100.0)]);
+            // The sibling ran 0 of 20 ns: not held.
+            assert!(
+                held.lock_wait(1, &iv(80, 100, State::Blocked, by(0, Some(futex))), 80, 100)
+                    .is_none()
+            );
+            // Not a futex (a read): not a lock wait, whoever woke it.
+            assert!(
+                held.lock_wait(1, &iv(0, 50, State::Blocked, by(2, Some(0))), 0, 50)
+                    .is_none()
+            );
+        }
+        assert!(
+            held.lock_wait(1, &iv(0, 50, State::Blocked, by(2, None)), 0, 50)
+                .is_none()
+        );
+    }
+}

@@ -63,7 +63,24 @@ pub struct GpuPoll {
     /// GPU memory the target process holds.
     pub target_mem_bytes: Option<u64>,
     pub gpm: Option<GpmValues>,
+    /// nvmlDeviceGetViolationStatus: the time (ns, cumulative since the driver loaded) each
+    /// policy of `VIOLATION_POLICIES` held the clocks down; the window's differences say
+    /// exactly how long each did in it.
+    #[serde(default)]
+    pub violation_ns: Vec<Option<u64>>,
 }
+
+/// The policies `GpuPoll::violation_ns` reads, in its order.
+pub const VIOLATION_POLICIES: [&str; 8] = [
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+    "total_app_clocks",
+    "total_base_clocks",
+];
 
 /// Which utilization a driver sample reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

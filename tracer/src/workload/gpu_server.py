@@ -10,6 +10,9 @@ file when a GPU scenario runs).
          --stall-after S: S seconds after it is ready, a background thread of the same process
          starts queueing a burst of large matmuls on its own stream every 200 ms, which the
          serving thread's device-wide synchronize then waits for (gpu-sync-stall).
+         --tiny-ops N: each request is N tiny elementwise steps (2N kernel launches of
+         microseconds each) instead of the MLP: the serving thread's CPU paces the GPU, which
+         idles between kernels (host-bound).
          --engine-process: a service of two processes, shaped like vLLM's: this process (the
          front end, demo-api) admits the requests and passes each down a pipe to a child
          process (the engine, demo-engine) that owns the GPU, serves them and logs them, from
@@ -107,6 +110,17 @@ def serve(args):
         blocks += [torch.nn.Linear(args.hidden, args.hidden, bias=False), torch.nn.GELU()]
     model = torch.nn.Sequential(*blocks).to("cuda", torch.bfloat16).eval()
     x = torch.randn(args.batch, args.hidden, device="cuda", dtype=torch.bfloat16)
+    if args.tiny_ops:
+        # Host-bound: many tiny elementwise kernels per request, each one a Python call and a
+        # launch on the CPU and microseconds of GPU work: the GPU waits for the host.
+        small = torch.randn(64, device="cuda")
+
+        def model(_):
+            y = small
+            for _ in range(args.tiny_ops):
+                y = y * 1.0001 + 0.0001
+            return y
+
     with torch.inference_mode():
         for _ in range(20):  # warm-up: kernels chosen, memory pools grown
             model(x)
@@ -157,6 +171,7 @@ def main():
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--stall-after", type=float, default=None)
     p.add_argument("--burst", type=int, default=20, help="matmuls per stall burst")
+    p.add_argument("--tiny-ops", type=int, default=0, help="host-bound: tiny ops per request")
     p.add_argument("--log", default="/dev/null")
     p.add_argument("--engine-process", action="store_true")
     p.add_argument("--from-stdin", action="store_true", help=argparse.SUPPRESS)

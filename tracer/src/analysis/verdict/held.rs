@@ -30,6 +30,8 @@ pub const GC_MIN: f64 = 0.05;
 /// launching at least `LAUNCH_RATE_MIN` kernels a second, its GPU below `GPU_BUSY_PCT`.
 pub const HOST_ONCPU_MIN: f64 = 0.60;
 pub const LAUNCH_RATE_MIN: f64 = 100.0;
+/// Clock throttling: a policy held a GPU's clocks down for this share of the window.
+pub const CLOCK_THROTTLE_MIN: f64 = 0.10;
 
 /// The holders named, with their share of the waiting.
 fn holders(s: &Summary, times: &[HolderTime]) -> Vec<Holder> {
@@ -245,6 +247,59 @@ fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
     ))
 }
 
+/// Clocks held down by a policy (power, thermal, board, reliability: not the idle
+/// `low_utilization` or the application-clock totals) for `CLOCK_THROTTLE_MIN` of the window on
+/// a GPU of the set that was not saturated, while its threads waited on the GPU.
+fn clock_throttle(s: &Summary) -> Option<(f64, Cause)> {
+    let g = s.gpu.as_ref()?;
+    let util = target_gpu_util(s)?;
+    if util >= GPU_BUSY_PCT || s.cuda.sync_ns == 0 {
+        return None;
+    }
+    let held = ["power", "thermal", "board_limit", "reliability"];
+    let policies: Vec<crate::analysis::verdict::mechanism::ClockViolation> = g
+        .devices
+        .iter()
+        .filter(|d| d.used_by_target)
+        .flat_map(|d| {
+            d.clock_violations
+                .iter()
+                .filter(|v| held.contains(&v.policy.as_str()) && v.share >= CLOCK_THROTTLE_MIN)
+                .map(|v| crate::analysis::verdict::mechanism::ClockViolation {
+                    gpu: d.index,
+                    policy: v.policy.clone(),
+                    ns: v.ns,
+                    share: v.share,
+                })
+        })
+        .collect();
+    let worst = policies.iter().map(|p| p.share).reduce(f64::max)?;
+    let text: Vec<String> = policies
+        .iter()
+        .map(|p| {
+            format!(
+                "GPU {} {} {} ({})",
+                p.gpu,
+                p.policy,
+                ms(p.ns as f64),
+                pct(p.share, "")
+            )
+        })
+        .collect();
+    Some((
+        s.cuda.sync_ns as f64 * worst,
+        Cause::new(
+            Mechanism::ClockThrottle { policies },
+            0.0,
+            format!(
+                "NVML's violation counters over the window: {}; the GPU {util:.0}% busy, its                  threads {} in CUDA synchronization",
+                text.join(", "),
+                ms(s.cuda.sync_ns as f64)
+            ),
+        ),
+    ))
+}
+
 /// The window's causes of this family: (ns lost, cause).
 pub fn window_causes(s: &Summary, wanted: f64) -> Vec<(f64, Cause)> {
     let mut out: Vec<(f64, Cause)> = Vec::new();
@@ -256,5 +311,6 @@ pub fn window_causes(s: &Summary, wanted: f64) -> Vec<(f64, Cause)> {
         out.push((gc as f64, c));
     }
     out.extend(host_bound(s));
+    out.extend(clock_throttle(s));
     out
 }

@@ -19,6 +19,11 @@ use crate::{
     sources::{clock::monotonic_ns, process::Target, targets::Targets},
 };
 
+/// Tiny steps per request in the host-bound scenario: on the GPU machine each launch costs the
+/// serving thread about 10 µs of Python and driver time, so 100 requests/s of these keep it
+/// on its CPU most of the time (docs/GPU.md).
+const HOST_BOUND_OPS: u32 = 350;
+
 static SCRIPT: &str = include_str!("../../workload/gpu_server.py");
 
 fn start(script: &std::path::Path, args: &[String]) -> Result<Reaped> {
@@ -69,6 +74,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     if args.scenario == Scenario::GpuSyncStall {
         serve.push(format!("--stall-after={}", BASELINE.as_secs_f64()));
     }
+    if args.scenario == Scenario::HostBound {
+        serve.push(format!("--tiny-ops={HOST_BOUND_OPS}"));
+    }
     if args.scenario.multiprocess() {
         serve.push("--engine-process".into());
     }
@@ -93,6 +101,14 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     std::thread::sleep(BASELINE);
     let baseline_end = monotonic_ns();
     let _hog = match args.scenario.base() {
+        Scenario::HostBound => {
+            say(format!(
+                "injected: each request is {HOST_BOUND_OPS} tiny elementwise steps ({} kernel \
+                 launches of microseconds each) instead of the MLP",
+                2 * HOST_BOUND_OPS
+            ));
+            None
+        }
         Scenario::GpuSaturation => {
             let d = format!(
                 "--duration={}",
