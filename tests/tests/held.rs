@@ -169,30 +169,24 @@ fn gc_pauses_match_pythons_own_gc_callbacks() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// tracefs at /sys/kernel/tracing, which bpftrace's tracepoints need: mounted for the test
-/// when it is not, and unmounted after.
-struct Tracefs(bool);
+/// tracefs at /sys/kernel/tracing, which bpftrace's tracepoints need: mounted when it is not,
+/// and left so, as the tracer itself leaves it (tracefs is one superblock for the machine, with
+/// the kernel's mode, which tests/cli.rs relies on; unmounting it could take away a mount
+/// something else made).
+struct Tracefs;
 
 impl Tracefs {
     fn mount() -> Self {
         let at = "/sys/kernel/tracing";
         if std::path::Path::new(at).join("events").exists() {
-            return Self(false);
+            return Self;
         }
         let ok = Command::new("mount")
-            .args(["-t", "tracefs", "nodev", at])
+            .args(["-t", "tracefs", "tracefs", at])
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "could not mount tracefs at {at} for bpftrace");
-        Self(true)
-    }
-}
-
-impl Drop for Tracefs {
-    fn drop(&mut self) {
-        if self.0 {
-            let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
-        }
+        Self
     }
 }
 

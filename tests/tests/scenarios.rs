@@ -74,13 +74,18 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
                 demo["expected_primary"], demo["expected_mechanism"], v["primary"], v["headline"]
             ));
         }
-        // Marker mode: every request decomposes into the parts of its wall time (within 5 %).
-        // (About 1,000 requests in 3 s; the cache-thrash neighbours slowed the server to 292
-        // once.)
+        // Marker mode (the CPython server: its latency log): every request decomposes into the
+        // parts of its wall time (within 5 %). (About 1,000 requests in 3 s; the cache-thrash
+        // neighbours slowed the server to 292 once; the CPython one serves 100 a second.)
         let r = &doc["requests"];
-        assert_eq!(r["source"], "markers", "{name}");
+        let python = matches!(name, "gil-contention" | "gc-pause");
+        assert_eq!(
+            r["source"],
+            if python { "file" } else { "markers" },
+            "{name}"
+        );
         assert!(
-            u(&r["requests"]) >= 200,
+            u(&r["requests"]) >= if python { 150 } else { 200 },
             "{name}: {} requests",
             r["requests"]
         );
