@@ -108,7 +108,11 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
             let top = &doc["preemptor_processes"][0];
             assert_eq!(top["comm"], "cpu-hog", "{top}");
             assert!(top["wait_share"].as_f64().unwrap() > 0.7, "{top}");
-            let base = u(&demo["latency_baseline"]["p99_ns"]);
+            // The baseline's p99, capped at twice its median: a baseline the host disturbed
+            // (a CI run's was 3.0 ms for 1 ms requests, after a build) says nothing about
+            // what the hogs did.
+            let b = &demo["latency_baseline"];
+            let base = u(&b["p99_ns"]).min(2 * u(&b["p50_ns"]));
             let hit = u(&demo["latency_recorded"]["p99_ns"]);
             assert!(hit > 2 * base, "p99 under hogs {hit} vs baseline {base}");
         }
