@@ -11,6 +11,29 @@ use crate::recording::{
     wakers::BlockedIn,
 };
 
+/// Sorts `v` and merges the spans that overlap.
+pub(super) fn merge_spans(v: &mut Vec<(u64, u64)>) {
+    v.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for &(a, b) in v.iter() {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    *v = merged;
+}
+
+/// Time of `[s, e)` inside the sorted, merged spans `v`.
+pub(super) fn spans_overlap(v: &[(u64, u64)], s: u64, e: u64) -> u64 {
+    let from = v.partition_point(|x| x.1 <= s);
+    v[from..]
+        .iter()
+        .take_while(|x| x.0 < e)
+        .map(|x| x.1.min(e).saturating_sub(x.0.max(s)))
+        .sum()
+}
+
 /// A thread's on-CPU stretches, sorted by start, with the longest one's length (for the
 /// backward reach of an overlap query).
 #[derive(Default)]
@@ -78,15 +101,7 @@ impl Held {
             pauses.entry(pid).or_default().push((p.start_ns, p.end_ns));
         }
         for v in pauses.values_mut() {
-            v.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-            for &(a, b) in v.iter() {
-                match merged.last_mut() {
-                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
-                    _ => merged.push((a, b)),
-                }
-            }
-            *v = merged;
+            merge_spans(v);
         }
         Self {
             process_of,
@@ -98,15 +113,10 @@ impl Held {
     /// Time of `[s, e)` inside a runtime pause of `tid`'s process: while a collection holds
     /// the interpreter, none of its threads runs Python, whichever one collects.
     pub fn paused(&self, tid: u32, s: u64, e: u64) -> u64 {
-        let Some(v) = self.process_of.get(&tid).and_then(|p| self.pauses.get(p)) else {
-            return 0;
-        };
-        let from = v.partition_point(|x| x.1 <= s);
-        v[from..]
-            .iter()
-            .take_while(|x| x.0 < e)
-            .map(|x| x.1.min(e).saturating_sub(x.0.max(s)))
-            .sum()
+        self.process_of
+            .get(&tid)
+            .and_then(|p| self.pauses.get(p))
+            .map_or(0, |v| spans_overlap(v, s, e))
     }
 
     /// Whether the blocked piece `[s, e)` of `i` (a blocked interval of `tid`) was a wait for

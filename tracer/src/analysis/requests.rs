@@ -253,28 +253,16 @@ impl Stalls {
             }
         }
         for v in stalls.values_mut() {
-            v.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-            for &(a, b) in v.iter() {
-                match merged.last_mut() {
-                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
-                    _ => merged.push((a, b)),
-                }
-            }
-            *v = merged;
+            super::held::merge_spans(v);
         }
         Self(stalls)
     }
 
     /// Time of `[s, e)` inside stalls of `cpu`.
     fn overlap(&self, cpu: u32, s: u64, e: u64) -> u64 {
-        let Some(v) = self.0.get(&cpu) else { return 0 };
-        let from = v.partition_point(|x| x.1 <= s);
-        v[from..]
-            .iter()
-            .take_while(|x| x.0 < e)
-            .map(|x| overlap(x.0, x.1, s, e))
-            .sum()
+        self.0
+            .get(&cpu)
+            .map_or(0, |v| super::held::spans_overlap(v, s, e))
     }
 }
 
