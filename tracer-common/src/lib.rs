@@ -53,7 +53,20 @@ mod tests {
         assert_eq!(core::mem::size_of::<ChildProcess>(), 32);
         assert_eq!(
             core::mem::size_of::<ThreadStats>(),
-            4 + 4 + 16 + 4 + 4 + 8 * 19 + 4 * 4 + 4 * RUNQ_HIST_SLOTS + 4 * 4 + 16
+            4 + 4
+                + 16
+                + 4
+                + 4
+                + 8 * 19
+                + 4 * 4
+                + 4 * RUNQ_HIST_SLOTS
+                + 4 * 4
+                + 16
+                + core::mem::size_of::<WakerRun>()
+        );
+        assert_eq!(
+            core::mem::size_of::<WakerRun>(),
+            8 + core::mem::size_of::<WakerStats>()
         );
         assert_eq!(core::mem::size_of::<WakerKey>(), 16);
         assert_eq!(

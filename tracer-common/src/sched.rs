@@ -148,6 +148,37 @@ pub struct ThreadStats {
     /// `WAKER_*` bits.
     pub waker_flags: u32,
     pub waker_comm: [u8; COMM_LEN],
+    /// The waits one waker (in one system call) has ended in a row, not yet added to
+    /// `WAKERS`: the kernel side adds a run there when another waker ends a wait, userspace the
+    /// last one at the end. A thread woken again and again by the same task (a queue handover,
+    /// a lock passed back and forth) then costs no map lookup per wakeup (BENCHMARKS.md).
+    pub run: WakerRun,
+}
+
+/// A run of waits one waker ended (see `ThreadStats::run`): its `WakerKey` (less the thread)
+/// and what `WAKERS` would hold for it. Empty while `stats.count` is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WakerRun {
+    pub waker_tid: u32,
+    pub syscall: u32,
+    pub stats: WakerStats,
+}
+
+impl WakerRun {
+    pub const EMPTY: Self = Self {
+        waker_tid: 0,
+        syscall: 0,
+        stats: WakerStats {
+            waker_tgid: 0,
+            flags: 0,
+            comm: [0; COMM_LEN],
+            blocked_ns: 0,
+            count: 0,
+            max_ns: 0,
+            hist: [0; RUNQ_HIST_SLOTS],
+        },
+    };
 }
 
 impl ThreadStats {
@@ -187,6 +218,7 @@ impl ThreadStats {
             waker_syscall: 0,
             waker_flags: 0,
             waker_comm: [0; COMM_LEN],
+            run: WakerRun::EMPTY,
         }
     }
 }

@@ -33,3 +33,8 @@ pub fn floor_fork(_ctx: BtfTracePointContext) -> i32 {
 pub fn floor_exit(_ctx: BtfTracePointContext) -> i32 {
     0
 }
+
+#[btf_tracepoint(function = "sched_waking")]
+pub fn floor_waking(_ctx: BtfTracePointContext) -> i32 {
+    0
+}

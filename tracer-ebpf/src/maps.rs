@@ -103,10 +103,6 @@ pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_TAR
 #[map]
 pub static WAKERS: HashMap<WakerKey, WakerStats> = HashMap::with_max_entries(MAX_WAKERS, 0);
 
-/// Zeroed template for new `WAKERS` entries (too large for the stack beside the rest).
-#[map]
-pub static WAKER_TEMPLATE: PerCpuArray<WakerStats> = PerCpuArray::with_max_entries(1, 0);
-
 /// Migration routes of target threads, with counts.
 #[map]
 pub static MIGRATIONS: HashMap<MigrationKey, u64> =

@@ -15,12 +15,12 @@ use tracer_common::{
     COMM_LEN, ChildProcess, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED,
     FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_SEEN, MigrationKey, PF_KTHREAD, Preemptor,
     RUNQ_HIST_SLOTS, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD,
-    WAKER_PENDING, WaitCode, WakerKey, hist_slot,
+    WAKER_PENDING, WaitCode, WakerKey, WakerRun, hist_slot,
 };
 
 use crate::maps::{
     Batch, CHILDREN, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS,
-    WAKER_TEMPLATE, WAKERS, add, config, count, emit,
+    WAKERS, add, config, count, emit,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -799,44 +799,28 @@ pub fn note_current_waker(t: &mut ThreadStats) {
     t.waker_flags = waker_flags(t.waker_tid, flags);
 }
 
-/// Adds one blocked interval of `t` to its waker's entry (`WAKERS`), made on first use.
+/// Adds one blocked interval of `t` to the run of its waker (`ThreadStats::run`); a wait
+/// another waker ended first adds the run so far to `WAKERS`.
 #[inline(always)]
-fn note_waker(t: &ThreadStats, ns: u64) {
-    let key = WakerKey {
-        tid: t.tid,
-        waker_tid: t.waker_tid,
-        syscall: t.waker_syscall,
-        _pad: 0,
-    };
-    let w = match WAKERS.get_ptr_mut(key) {
-        Some(w) => w,
-        None => {
-            let Some(template) = WAKER_TEMPLATE.get_ptr_mut(0) else {
-                return;
-            };
-            let n = unsafe { &mut *template };
-            n.waker_tgid = t.waker_tgid;
-            n.flags = t.waker_flags & !WAKER_PENDING;
-            n.comm = t.waker_comm;
-            n.blocked_ns = 0;
-            n.count = 0;
-            n.max_ns = 0;
-            n.hist = [0; RUNQ_HIST_SLOTS];
-            #[allow(clippy::needless_borrows_for_generic_args)]
-            let inserted = WAKERS.insert(&key, &*n, BPF_NOEXIST);
-            match WAKERS.get_ptr_mut(key) {
-                Some(w) => w,
-                None => {
-                    if inserted.is_err() {
-                        count(Counter::WakerMapFull);
-                    }
-                    return;
-                }
-            }
+fn note_waker(t: &mut ThreadStats, ns: u64) {
+    let tid = t.tid;
+    let r = &mut t.run;
+    if r.stats.count == 0 || r.waker_tid != t.waker_tid || r.syscall != t.waker_syscall {
+        if r.stats.count != 0 {
+            flush_run(tid, r);
         }
-    };
+        r.waker_tid = t.waker_tid;
+        r.syscall = t.waker_syscall;
+        r.stats.waker_tgid = t.waker_tgid;
+        r.stats.flags = t.waker_flags & !WAKER_PENDING;
+        r.stats.comm = t.waker_comm;
+        r.stats.blocked_ns = 0;
+        r.stats.count = 0;
+        r.stats.max_ns = 0;
+        r.stats.hist = [0; RUNQ_HIST_SLOTS];
+    }
     // A thread's wakeups come one at a time (it runs between them), so plain adds suffice.
-    let w = unsafe { &mut *w };
+    let w = &mut r.stats;
     w.blocked_ns += ns;
     w.count += 1;
     if ns > w.max_ns {
@@ -844,6 +828,36 @@ fn note_waker(t: &ThreadStats, ns: u64) {
     }
     if let Some(c) = w.hist.get_mut(hist_slot(ns)) {
         *c += 1;
+    }
+}
+
+/// Adds a finished run of thread `tid` to its entry in `WAKERS`, made on first use.
+#[inline(always)]
+fn flush_run(tid: u32, r: &WakerRun) {
+    let key = WakerKey {
+        tid,
+        waker_tid: r.waker_tid,
+        syscall: r.syscall,
+        _pad: 0,
+    };
+    let Some(w) = WAKERS.get_ptr_mut(key) else {
+        // By reference: the value is inserted from the thread's entry, not copied to the
+        // stack (208 bytes of a 512-byte stack).
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let inserted = WAKERS.insert(&key, &r.stats, BPF_NOEXIST);
+        if inserted.is_err() {
+            count(Counter::WakerMapFull);
+        }
+        return;
+    };
+    let w = unsafe { &mut *w };
+    w.blocked_ns += r.stats.blocked_ns;
+    w.count += r.stats.count;
+    if r.stats.max_ns > w.max_ns {
+        w.max_ns = r.stats.max_ns;
+    }
+    for (c, n) in w.hist.iter_mut().zip(r.stats.hist.iter()) {
+        *c += n;
     }
 }
 

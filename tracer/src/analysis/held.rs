@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use super::wakers::{Classifier, WakerRef};
 use crate::recording::{
     Recording,
     timeline::{Interval, State, Timelines},
@@ -70,16 +71,18 @@ pub struct LockWait {
     pub holders: Vec<(u32, f64)>,
 }
 
-/// Per process of the set, its threads' on-CPU stretches and its runtime pauses.
-pub struct Held {
+/// Per process of the set, its threads' on-CPU stretches and its runtime pauses; and who the
+/// wakers were.
+pub struct Held<'a> {
     process_of: HashMap<u32, u32>,
+    wakers: Classifier<'a>,
     runs: HashMap<u32, Runs>,
     /// Per process, its pauses (start, end), sorted and merged.
     pauses: HashMap<u32, Vec<(u64, u64)>>,
 }
 
-impl Held {
-    pub fn build(rec: &Recording, timelines: &Timelines) -> Self {
+impl<'a> Held<'a> {
+    pub fn build(rec: &'a Recording, timelines: &Timelines) -> Self {
         let process_of: HashMap<u32, u32> = rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
         let mut runs: HashMap<u32, Runs> = HashMap::new();
         for t in timelines.values() {
@@ -105,6 +108,7 @@ impl Held {
         }
         Self {
             process_of,
+            wakers: Classifier::new(rec),
             runs,
             pauses,
         }
@@ -117,6 +121,11 @@ impl Held {
             .get(&tid)
             .and_then(|p| self.pauses.get(p))
             .map_or(0, |v| spans_overlap(v, s, e))
+    }
+
+    /// Who ended the blocked interval `i` of `tid`, when its wakeup was seen.
+    pub fn woken_by(&self, tid: u32, i: &Interval) -> Option<WakerRef> {
+        i.woken.map(|w| self.wakers.of_woken(tid, &w))
     }
 
     /// Whether the blocked piece `[s, e)` of `i` (a blocked interval of `tid`) was a wait for

@@ -6,8 +6,11 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use tracer_common::WAKER_KTHREAD;
+
 use crate::recording::{
     Recording, printable,
+    timeline::Woken,
     wakers::{BlockedIn, WakerRecord},
 };
 
@@ -77,48 +80,102 @@ pub struct HeldUp {
     pub waker_held_up_by: Option<WakerRef>,
 }
 
-/// Every thread's waits by waker, as the summary lists them, largest first: each thread's
-/// `PAIRS_PER_THREAD` largest, at most `PAIRS_PER_PROCESS` for each process.
-pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
-    let threads: HashMap<u32, &crate::recording::ThreadRecord> =
-        rec.threads.iter().map(|t| (t.tid, t)).collect();
-    let members: std::collections::HashSet<u32> = rec.processes.iter().map(|p| p.pid).collect();
-    let window = rec.duration_ns().max(1) as f64;
-    let pid_of = |tid: u32| threads.get(&tid).map(|t| t.pid);
-    let syncs = |tid: u32| {
-        threads
+/// Names and classifies the tasks that ended target threads' waits.
+pub struct Classifier<'a> {
+    threads: HashMap<u32, &'a crate::recording::ThreadRecord>,
+    members: std::collections::HashSet<u32>,
+    /// A waker's process and name, from the kernel's totals (which have them for tasks outside
+    /// the set too).
+    seen: HashMap<u32, (u32, &'a str, bool)>,
+}
+
+impl<'a> Classifier<'a> {
+    pub fn new(rec: &'a Recording) -> Self {
+        Self {
+            threads: rec.threads.iter().map(|t| (t.tid, t)).collect(),
+            members: rec.processes.iter().map(|p| p.pid).collect(),
+            seen: rec
+                .wakers
+                .iter()
+                .map(|w| {
+                    let v = (w.waker_tgid, w.waker_comm.as_str(), w.kernel_thread);
+                    (w.waker_tid, v)
+                })
+                .collect(),
+        }
+    }
+
+    fn syncs(&self, tid: u32) -> bool {
+        self.threads
             .get(&tid)
             .and_then(|t| t.cuda.as_ref())
             .is_some_and(|c| c.sync_calls > 0)
-    };
-    let waker_of = |w: &WakerRecord| -> WakerRef {
-        let pid = if w.waker_tgid != 0 {
-            w.waker_tgid
+    }
+
+    /// The task `waker_tid` (of process `tgid` when known, 0 if not) that ended a wait of
+    /// `tid` in `blocked_in`.
+    fn classify(
+        &self,
+        tid: u32,
+        waker_tid: u32,
+        tgid: u32,
+        comm: &str,
+        kthread: bool,
+        blocked_in: BlockedIn,
+    ) -> WakerRef {
+        let pid_of = |t: u32| self.threads.get(&t).map(|t| t.pid);
+        let pid = if tgid != 0 {
+            tgid
         } else {
-            pid_of(w.waker_tid).unwrap_or(0)
+            pid_of(waker_tid).unwrap_or(0)
         };
-        let own = pid_of(w.tid).unwrap_or(0);
-        let in_driver = matches!(w.blocked_in(), BlockedIn::Ioctl | BlockedIn::Poll);
-        let kind = if (w.waker_tid == 0 || w.kernel_thread) && in_driver && syncs(w.tid) {
+        let own = pid_of(tid).unwrap_or(0);
+        let in_driver = matches!(blocked_in, BlockedIn::Ioctl | BlockedIn::Poll);
+        let kind = if (waker_tid == 0 || kthread) && in_driver && self.syncs(tid) {
             WakerKind::GpuDriver
-        } else if w.waker_tid == 0 {
+        } else if waker_tid == 0 {
             WakerKind::Interrupt
-        } else if w.kernel_thread {
+        } else if kthread {
             WakerKind::KernelThread
         } else if pid == own {
             WakerKind::SameProcess
-        } else if members.contains(&pid) || threads.contains_key(&w.waker_tid) {
+        } else if self.members.contains(&pid) || self.threads.contains_key(&waker_tid) {
             WakerKind::Member
         } else {
             WakerKind::OtherProcess
         };
         WakerRef {
-            tid: w.waker_tid,
+            tid: waker_tid,
             pid,
-            comm: w.waker_comm.clone(),
+            comm: comm.to_string(),
             kind,
         }
-    };
+    }
+
+    pub fn of_record(&self, w: &WakerRecord) -> WakerRef {
+        let (t, b) = (w.waker_tid, w.blocked_in());
+        self.classify(w.tid, t, w.waker_tgid, &w.waker_comm, w.kernel_thread, b)
+    }
+
+    /// The waker of one blocked interval of `tid`, from its wakeup record.
+    pub fn of_woken(&self, tid: u32, w: &Woken) -> WakerRef {
+        let by = w.by;
+        let kthread = w.flags & WAKER_KTHREAD != 0;
+        let (tgid, comm) = match (self.seen.get(&by), self.threads.get(&by)) {
+            (Some(&(tgid, comm, _)), _) => (tgid, comm),
+            (None, Some(t)) => (t.pid, t.comm.as_str()),
+            (None, None) => (0, ""),
+        };
+        self.classify(tid, by, tgid, comm, kthread, BlockedIn::of(w.syscall))
+    }
+}
+
+/// Every thread's waits by waker, as the summary lists them, largest first: each thread's
+/// `PAIRS_PER_THREAD` largest, at most `PAIRS_PER_PROCESS` for each process.
+pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
+    let c = Classifier::new(rec);
+    let threads = &c.threads;
+    let window = rec.duration_ns().max(1) as f64;
     // Each thread's largest waker, for the hop.
     let mut top: HashMap<u32, &WakerRecord> = HashMap::new();
     for w in &rec.wakers {
@@ -133,7 +190,7 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
         .filter(|w| w.blocked_ns > 0)
         .filter_map(|w| {
             let t = threads.get(&w.tid)?;
-            let by = waker_of(w);
+            let by = c.of_record(w);
             let inside = matches!(by.kind, WakerKind::SameProcess | WakerKind::Member);
             let waker = threads.get(&w.waker_tid).filter(|_| inside);
             Some(HeldUp {
@@ -146,7 +203,9 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
                 max_ns: w.max_ns,
                 share_of_blocked: w.blocked_ns as f64 / t.totals.time.blocked_ns.max(1) as f64,
                 waker_oncpu_share: waker.map(|b| b.totals.time.oncpu_ns as f64 / window),
-                waker_held_up_by: waker.and_then(|b| top.get(&b.tid)).map(|w2| waker_of(w2)),
+                waker_held_up_by: waker
+                    .and_then(|b| top.get(&b.tid))
+                    .map(|w2| c.of_record(w2)),
                 by,
             })
         })

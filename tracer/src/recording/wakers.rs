@@ -2,7 +2,7 @@
 //! system call), and what the system call and the waker say about the wait.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{WAKER_IDLE, WAKER_KTHREAD, WakerKey, WakerStats};
+use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WakerKey, WakerStats};
 
 use super::names::comm_string;
 
@@ -49,6 +49,46 @@ impl WakerRecord {
     pub fn blocked_in(&self) -> BlockedIn {
         BlockedIn::of(self.syscall)
     }
+
+    /// Adds `o`, another count of the same (thread, waker, system call).
+    fn merge(&mut self, o: &Self) {
+        self.blocked_ns += o.blocked_ns;
+        self.count += o.count;
+        self.max_ns = self.max_ns.max(o.max_ns);
+        if self.hist.len() < o.hist.len() {
+            self.hist.resize(o.hist.len(), 0);
+        }
+        for (a, b) in self.hist.iter_mut().zip(&o.hist) {
+            *a += b;
+        }
+    }
+}
+
+/// The kernel's `WAKERS` entries with each thread's last run of waits by one waker, which the
+/// kernel side adds there only when another waker follows (`ThreadStats::run`).
+pub fn with_runs(mut records: Vec<WakerRecord>, threads: &[ThreadStats]) -> Vec<WakerRecord> {
+    let mut at: std::collections::HashMap<(u32, u32, Option<u32>), usize> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.tid, r.waker_tid, r.syscall), i))
+        .collect();
+    for t in threads.iter().filter(|t| t.run.stats.count > 0) {
+        let key = WakerKey {
+            tid: t.tid,
+            waker_tid: t.run.waker_tid,
+            syscall: t.run.syscall,
+            _pad: 0,
+        };
+        let run = WakerRecord::from_kernel(&key, &t.run.stats);
+        match at.get(&(run.tid, run.waker_tid, run.syscall)) {
+            Some(&i) => records[i].merge(&run),
+            None => {
+                at.insert((run.tid, run.waker_tid, run.syscall), records.len());
+                records.push(run);
+            }
+        }
+    }
+    records
 }
 
 /// What a thread was blocked in, from its system call's number.
@@ -165,5 +205,43 @@ mod tests {
         assert_eq!(BlockedIn::of(None), BlockedIn::Unknown);
         assert_eq!(wakeup_how(0), (None, 0));
         assert_eq!(wakeup_how(203 | (2 << 32)), (Some(202), 2));
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+
+    #[test]
+    fn the_last_run_of_each_thread_joins_the_kernels_entries() {
+        let key = WakerKey {
+            tid: 7,
+            waker_tid: 8,
+            syscall: 203,
+            _pad: 0,
+        };
+        let mut stats = tracer_common::WakerRun::EMPTY.stats;
+        stats.blocked_ns = 100;
+        stats.count = 2;
+        stats.max_ns = 60;
+        stats.hist[3] = 2;
+        let entries = vec![WakerRecord::from_kernel(&key, &stats)];
+        let mut a = ThreadStats::new(7, 7);
+        a.run.waker_tid = 8;
+        a.run.syscall = 203;
+        a.run.stats = stats;
+        a.run.stats.max_ns = 90;
+        // Another waker's run, not in the map yet; and a thread with no run.
+        let mut b = ThreadStats::new(9, 7);
+        b.run.waker_tid = 1;
+        b.run.stats.count = 1;
+        b.run.stats.blocked_ns = 5;
+        let c = ThreadStats::new(10, 7);
+        let r = with_runs(entries, &[a, b, c]);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].blocked_ns, r[0].count, r[0].max_ns), (200, 4, 90));
+        assert_eq!(r[0].hist[3], 4);
+        assert_eq!((r[1].tid, r[1].waker_tid, r[1].syscall), (9, 1, None));
+        assert_eq!(r[1].blocked_ns, 5);
     }
 }

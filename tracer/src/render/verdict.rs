@@ -3,7 +3,12 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::{Report, requests::RequestAnalysis, summary::Summary, verdict::Basis};
+use crate::analysis::{
+    Report,
+    requests::{BlockedBy, RequestAnalysis},
+    summary::Summary,
+    verdict::Basis,
+};
 use crate::units::dur;
 
 pub fn render(r: &Report, out: &mut String) {
@@ -163,6 +168,28 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         dur(r.tail.wall_ns_mean as u64),
         signed(r.excess_ns)
     );
+    for (name, g) in [("tail", &r.tail), ("median", &r.median)] {
+        if !g.blocked_by.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {name} blocked, ended by: {}",
+                blocked_by(&g.blocked_by)
+            );
+        }
+    }
+}
+
+/// "thread 12 (python3) 3.1ms, an interrupt (the CPU was idle) 0.4ms".
+fn blocked_by(v: &[BlockedBy]) -> String {
+    v.iter()
+        .map(|b| {
+            let who =
+                b.by.as_ref()
+                    .map_or("others or unseen".into(), |w| w.describe());
+            format!("{who} {}", dur(b.ns as u64))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn signed(ns: f64) -> String {

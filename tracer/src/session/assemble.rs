@@ -183,6 +183,7 @@ pub fn recording(
             count,
         })
         .collect();
+    let wakers = crate::recording::wakers::with_runs(probes.wakers()?, &kernel);
     let final_names = final_names(targets, &kernel);
     let inputs = ThreadInputs {
         kernel,
@@ -244,7 +245,7 @@ pub fn recording(
             if targets.follow { &[] } else { &forked },
         ),
         target_cgroup: cgroup2_of(target.proc_pid),
-        wakers: probes.wakers()?,
+        wakers,
         runtime_pauses: vec![],
         pause_probes: probes.pause_probes.clone(),
     };

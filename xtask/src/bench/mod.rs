@@ -60,7 +60,7 @@ enum Config {
     PerfSched,
     /// bpftrace's runqlat.bt: a run-queue latency histogram, system-wide.
     Runqlat,
-    /// Empty tp_btf programs on the tracer's six tracepoints (`tracer floor`): what any
+    /// Empty tp_btf programs on the tracer's seven tracepoints (`tracer floor`): what any
     /// program there costs on this kernel before doing anything.
     EmptyProbes,
 }
@@ -268,6 +268,22 @@ fn interrupt(child: &Child) {
         .status();
 }
 
+/// Interrupts an observer and waits for it to end: again every 5 s (bpftrace 0.17 once sat
+/// in epoll_wait after the first SIGINT and ended at the second), killed after 30 s.
+fn stop(child: &mut Child) {
+    for _ in 0..6 {
+        interrupt(child);
+        for _ in 0..50 {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 fn once(ctx: &Ctx, config: Config, round: u32) -> Result<Run> {
     let bench = ctx.bench_cmd();
     let mut tracer = None;
@@ -325,8 +341,7 @@ fn once(ctx: &Ctx, config: Config, round: u32) -> Result<Run> {
             let mut b = Command::new(&bench[0]);
             b.args(&bench[1..]);
             let out = output_of(b, "perf bench");
-            interrupt(&obs);
-            let _ = obs.wait();
+            stop(&mut obs);
             out?
         }
     };

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, process::Command, time::Duration};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use super::{Config, Ctx, Run, interrupt, median, start_observer};
+use super::{Config, Ctx, Run, median, start_observer, stop};
 
 /// Turns kernel.bpf_stats_enabled on for its lifetime and restores it after.
 struct StatsOn(String);
@@ -122,8 +122,7 @@ pub fn bpf_run_stats(ctx: &Ctx, expected: Duration) -> Result<Value> {
             .stdout(std::process::Stdio::null())
             .status();
         let b = snapshot(&before)?;
-        interrupt(&obs);
-        let _ = obs.wait();
+        stop(&mut obs);
         status?;
         Ok(delta(&a, &b))
     };

@@ -22,6 +22,12 @@ use crate::{
 const MS: u64 = 1_000_000;
 const TID: u32 = 10;
 const HOG: u32 = 99;
+/// A sibling of the serving thread (the same process) that holds a lock.
+const HOLDER: u32 = 11;
+#[cfg(target_arch = "x86_64")]
+const FUTEX: u64 = 202;
+#[cfg(not(target_arch = "x86_64"))]
+const FUTEX: u64 = 98;
 
 #[derive(Clone, Copy)]
 enum Part {
@@ -34,6 +40,8 @@ enum Part {
     },
     /// Blocked in a CUDA synchronize.
     Gpu(u64),
+    /// Blocked in a futex for this long until thread `HOLDER` of the process woke it.
+    Lock(u64),
 }
 
 use Part::*;
@@ -140,6 +148,13 @@ impl Server {
                     self.ev(self.t, EventKind::SwitchOut, 0, 0);
                     self.t += ns;
                     self.ev(self.t, EventKind::Wakeup, 1, 0);
+                    self.switch_in(5, 1, false);
+                }
+                Lock(ns) => {
+                    self.ev(self.t, EventKind::SwitchOut, 0, 0);
+                    self.t += ns;
+                    // The waker and the system call, as `sched_waking` notes them.
+                    self.ev(self.t, EventKind::Wakeup, HOLDER, FUTEX + 1);
                     self.switch_in(5, 1, false);
                 }
             }
@@ -291,6 +306,42 @@ fn steady_requests_give_none() {
     // What was not measured is said, not taken for absent.
     assert!(v.not_assessed.iter().any(|n| n.signal == "cache_misses"));
     assert!(v.not_assessed.iter().any(|n| n.signal == "gpu"));
+}
+
+#[test]
+fn futex_waits_a_sibling_ends_are_lock_contention_with_the_holder() {
+    let mut s = Server::new();
+    s.serve(200, 20, &NORMAL, &[Run(MS / 2), Lock(4 * MS), Run(MS / 2)]);
+    let mut rec = s.finish(vec![]);
+    let mut holder = thread(HOLDER, 0, 0, &[]);
+    holder.comm = "lock-holder".into();
+    rec.threads.push(holder);
+    let report = analyze(&rec);
+    let r = report.summary.requests.as_ref().expect("requests");
+    // All of the tail's blocked time was the sibling's lock: its holder ended it.
+    assert!(
+        (r.tail.mean.lock_wait_ns - 4.0 * MS as f64).abs() < 1e3,
+        "{:?}",
+        r.tail.mean
+    );
+    assert_eq!(r.tail.lock_holders.first().map(|h| h.tid), Some(HOLDER));
+    let by = &r.tail.blocked_by[0];
+    let who = by.by.as_ref().expect("a waker");
+    assert_eq!(
+        (who.tid, who.kind),
+        (HOLDER, crate::analysis::wakers::WakerKind::SameProcess)
+    );
+    assert_eq!(who.comm, "lock-holder");
+    let blocked = r.tail.mean.lock_wait_ns + r.tail.mean.blocked_ns;
+    let attributed: f64 = r.tail.blocked_by.iter().map(|b| b.ns).sum();
+    assert!(
+        (attributed - blocked).abs() < 1.0,
+        "{attributed} vs {blocked}"
+    );
+    let v = &report.verdict;
+    assert_eq!(v.primary, Primary::LockContention, "{v:?}");
+    assert!(v.headline.contains("lock-holder"), "{}", v.headline);
+    assert!(!v.headline.contains("GIL"), "{}", v.headline);
 }
 
 #[test]

@@ -1,18 +1,19 @@
 //! `tracer floor` (hidden, for `cargo xtask bench`): the eBPF object's empty programs attached
-//! to the tracer's six tracepoints until SIGINT/SIGTERM. What the benchmark loses to them is
+//! to the tracer's seven tracepoints until SIGINT/SIGTERM. What the benchmark loses to them is
 //! the cost of any program on these tracepoints on this kernel, the floor under the tracer's
 //! early-exit path.
 
 use anyhow::{Context as _, Result};
 use aya::{Btf, EbpfLoader, programs::BtfTracePoint};
 
-const FLOOR: [(&str, &str); 6] = [
+const FLOOR: [(&str, &str); 7] = [
     ("floor_switch", "sched_switch"),
     ("floor_wakeup", "sched_wakeup"),
     ("floor_wakeup_new", "sched_wakeup_new"),
     ("floor_migrate", "sched_migrate_task"),
     ("floor_fork", "sched_process_fork"),
     ("floor_exit", "sched_process_exit"),
+    ("floor_waking", "sched_waking"),
 ];
 
 /// Loads and attaches the floor programs until interrupted; the caller checks the privileges.

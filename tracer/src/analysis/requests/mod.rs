@@ -8,6 +8,11 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tracer_common::{CudaFn, EventKind, PerfSlot};
 
+mod parts;
+
+pub use parts::{BlockedBy, Breakdown, HolderTime};
+use parts::{add_blocked, add_holder, rank_blocked};
+
 use super::held::Held;
 use crate::recording::{
     CudaSpan, Recording,
@@ -15,118 +20,6 @@ use crate::recording::{
     timeline::{self, Interval, State},
     waits::WaitKind,
 };
-
-/// Where one request's (or a group's mean) wall time went, in ns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct Breakdown {
-    /// On a CPU working on this request.
-    pub oncpu_ns: f64,
-    /// On a CPU while the serving thread was still finishing earlier requests: queueing.
-    pub queued_oncpu_ns: f64,
-    /// Waiting for a CPU while other tasks ran.
-    pub runq_contention_ns: f64,
-    /// Waiting for a CPU after being moved to another one.
-    pub runq_migration_ns: f64,
-    /// Waiting for a CPU that was idle when the thread finally ran (cgroup throttling, or a
-    /// slow wakeup).
-    pub runq_idle_cpu_ns: f64,
-    /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
-    pub cuda_sync_ns: f64,
-    /// Off the CPU and not runnable, other than waiting for the GPU, a lock or a pause (I/O,
-    /// sleeps, events).
-    pub blocked_ns: f64,
-    /// Blocked in a futex that another thread of the process held (`held.rs`): a lock, the GIL.
-    pub lock_wait_ns: f64,
-    /// Inside a runtime pause of the process (a garbage collection), in any state.
-    pub runtime_pause_ns: f64,
-    /// Not covered by the timeline (thread unseen, events lost).
-    pub uncovered_ns: f64,
-}
-
-impl Breakdown {
-    pub const FIELDS: [&'static str; PARTS] = [
-        "oncpu",
-        "queued_oncpu",
-        "runq_contention",
-        "runq_migration",
-        "runq_idle_cpu",
-        "cuda_sync",
-        "blocked",
-        "lock_wait",
-        "runtime_pause",
-        "uncovered",
-    ];
-
-    pub fn values(&self) -> [f64; PARTS] {
-        [
-            self.oncpu_ns,
-            self.queued_oncpu_ns,
-            self.runq_contention_ns,
-            self.runq_migration_ns,
-            self.runq_idle_cpu_ns,
-            self.cuda_sync_ns,
-            self.blocked_ns,
-            self.lock_wait_ns,
-            self.runtime_pause_ns,
-            self.uncovered_ns,
-        ]
-    }
-
-    fn from_values(v: [f64; PARTS]) -> Self {
-        Self {
-            oncpu_ns: v[0],
-            queued_oncpu_ns: v[1],
-            runq_contention_ns: v[2],
-            runq_migration_ns: v[3],
-            runq_idle_cpu_ns: v[4],
-            cuda_sync_ns: v[5],
-            blocked_ns: v[6],
-            lock_wait_ns: v[7],
-            runtime_pause_ns: v[8],
-            uncovered_ns: v[9],
-        }
-    }
-
-    /// Everything the timeline accounts for.
-    pub fn covered_ns(&self) -> f64 {
-        self.values()[..PARTS - 1].iter().sum()
-    }
-
-    fn mean(items: &[&Breakdown]) -> Self {
-        let mut sum = [0.0; PARTS];
-        for b in items {
-            for (s, v) in sum.iter_mut().zip(b.values()) {
-                *s += v;
-            }
-        }
-        let n = items.len().max(1) as f64;
-        Self::from_values(sum.map(|s| s / n))
-    }
-
-    pub fn minus(&self, o: &Self) -> Self {
-        let (a, b) = (self.values(), o.values());
-        Self::from_values(std::array::from_fn(|i| a[i] - b[i]))
-    }
-}
-
-/// The parts of a `Breakdown`; `uncovered` is the last.
-const PARTS: usize = 10;
-
-/// A thread that held a lock a request's serving thread waited for, and for how long (ns; a
-/// group's mean per request).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct HolderTime {
-    pub tid: u32,
-    pub ns: f64,
-}
-
-/// Adds `ns` to `tid`'s entry.
-fn add_holder(v: &mut Vec<HolderTime>, tid: u32, ns: f64) {
-    match v.iter_mut().find(|h| h.tid == tid) {
-        Some(h) => h.ns += ns,
-        None => v.push(HolderTime { tid, ns }),
-    }
-}
 
 /// One request, decomposed.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -147,6 +40,9 @@ pub struct RequestDetail {
     pub instructions: Option<f64>,
     /// Who held the locks of `parts.lock_wait_ns`, largest first.
     pub lock_holders: Vec<HolderTime>,
+    /// Who ended the serving thread's blocked time (`lock_wait_ns` + `blocked_ns`), largest
+    /// first.
+    pub blocked_by: Vec<BlockedBy>,
 }
 
 /// A set of requests (the median ones, or the tail), on average.
@@ -161,6 +57,8 @@ pub struct Group {
     pub mpki: Option<f64>,
     /// Who held the locks the group's requests waited for: mean ns per request, largest first.
     pub lock_holders: Vec<HolderTime>,
+    /// Who ended the group's blocked time: mean ns per request, largest first.
+    pub blocked_by: Vec<BlockedBy>,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -338,6 +236,7 @@ fn decompose(
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
     let mut holders: Vec<HolderTime> = Vec::new();
+    let mut blocked_by: Vec<BlockedBy> = Vec::new();
     let from = v.intervals.partition_point(|i| i.end_ns <= s);
     for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
         let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
@@ -360,10 +259,15 @@ fn decompose(
                 add_holder(&mut holders, tid, ns * f);
             }
         }
+        let off = (q.lock_wait_ns + q.blocked_ns) * rest;
+        if off > 0.0 {
+            add_blocked(&mut blocked_by, held.woken_by(r.tid, i), off);
+        }
         let (a, b) = (p.values(), q.values());
         p = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k] * rest));
     }
     holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    rank_blocked(&mut blocked_by);
     let wall = r.wall_ns();
     p.uncovered_ns = (wall as f64 - p.covered_ns()).max(0.0);
     let device_wide: Vec<&CudaSpan> = v
@@ -404,6 +308,7 @@ fn decompose(
         llc_misses: llc.then_some(misses),
         instructions: llc.then_some(instr),
         lock_holders: holders,
+        blocked_by,
     }
 }
 
@@ -419,8 +324,14 @@ fn group(items: &[&RequestDetail]) -> Group {
         }
     }
     holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    let mut blocked_by: Vec<BlockedBy> = Vec::new();
+    for b in items.iter().flat_map(|d| &d.blocked_by) {
+        add_blocked(&mut blocked_by, b.by.clone(), b.ns / n);
+    }
+    rank_blocked(&mut blocked_by);
     Group {
         lock_holders: holders,
+        blocked_by,
         requests: items.len(),
         wall_ns_mean: items.iter().map(|d| d.wall_ns as f64).sum::<f64>() / n,
         mean: Breakdown::mean(&parts),

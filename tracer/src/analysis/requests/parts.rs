@@ -1,0 +1,151 @@
+//! The parts a request's wall time is split into, and who ended its waits.
+
+use serde::Serialize;
+
+use crate::analysis::wakers::WakerRef;
+
+/// Where one request's (or a group's mean) wall time went, in ns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct Breakdown {
+    /// On a CPU working on this request.
+    pub oncpu_ns: f64,
+    /// On a CPU while the serving thread was still finishing earlier requests: queueing.
+    pub queued_oncpu_ns: f64,
+    /// Waiting for a CPU while other tasks ran.
+    pub runq_contention_ns: f64,
+    /// Waiting for a CPU after being moved to another one.
+    pub runq_migration_ns: f64,
+    /// Waiting for a CPU that was idle when the thread finally ran (cgroup throttling, or a
+    /// slow wakeup).
+    pub runq_idle_cpu_ns: f64,
+    /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
+    pub cuda_sync_ns: f64,
+    /// Off the CPU and not runnable, other than waiting for the GPU, a lock or a pause (I/O,
+    /// sleeps, events).
+    pub blocked_ns: f64,
+    /// Blocked in a futex that another thread of the process held (`held.rs`): a lock, the GIL.
+    pub lock_wait_ns: f64,
+    /// Inside a runtime pause of the process (a garbage collection), in any state.
+    pub runtime_pause_ns: f64,
+    /// Not covered by the timeline (thread unseen, events lost).
+    pub uncovered_ns: f64,
+}
+
+impl Breakdown {
+    pub const FIELDS: [&'static str; PARTS] = [
+        "oncpu",
+        "queued_oncpu",
+        "runq_contention",
+        "runq_migration",
+        "runq_idle_cpu",
+        "cuda_sync",
+        "blocked",
+        "lock_wait",
+        "runtime_pause",
+        "uncovered",
+    ];
+
+    pub fn values(&self) -> [f64; PARTS] {
+        [
+            self.oncpu_ns,
+            self.queued_oncpu_ns,
+            self.runq_contention_ns,
+            self.runq_migration_ns,
+            self.runq_idle_cpu_ns,
+            self.cuda_sync_ns,
+            self.blocked_ns,
+            self.lock_wait_ns,
+            self.runtime_pause_ns,
+            self.uncovered_ns,
+        ]
+    }
+
+    pub(super) fn from_values(v: [f64; PARTS]) -> Self {
+        Self {
+            oncpu_ns: v[0],
+            queued_oncpu_ns: v[1],
+            runq_contention_ns: v[2],
+            runq_migration_ns: v[3],
+            runq_idle_cpu_ns: v[4],
+            cuda_sync_ns: v[5],
+            blocked_ns: v[6],
+            lock_wait_ns: v[7],
+            runtime_pause_ns: v[8],
+            uncovered_ns: v[9],
+        }
+    }
+
+    /// Everything the timeline accounts for.
+    pub fn covered_ns(&self) -> f64 {
+        self.values()[..PARTS - 1].iter().sum()
+    }
+
+    pub(super) fn mean(items: &[&Breakdown]) -> Self {
+        let mut sum = [0.0; PARTS];
+        for b in items {
+            for (s, v) in sum.iter_mut().zip(b.values()) {
+                *s += v;
+            }
+        }
+        let n = items.len().max(1) as f64;
+        Self::from_values(sum.map(|s| s / n))
+    }
+
+    pub fn minus(&self, o: &Self) -> Self {
+        let (a, b) = (self.values(), o.values());
+        Self::from_values(std::array::from_fn(|i| a[i] - b[i]))
+    }
+}
+
+/// The parts of a `Breakdown`; `uncovered` is the last.
+const PARTS: usize = 10;
+
+/// A thread that held a lock a request's serving thread waited for, and for how long (ns; a
+/// group's mean per request).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HolderTime {
+    pub tid: u32,
+    pub ns: f64,
+}
+
+/// Adds `ns` to `tid`'s entry.
+pub(super) fn add_holder(v: &mut Vec<HolderTime>, tid: u32, ns: f64) {
+    match v.iter_mut().find(|h| h.tid == tid) {
+        Some(h) => h.ns += ns,
+        None => v.push(HolderTime { tid, ns }),
+    }
+}
+
+/// The part of a request's blocked time (lock waits and other blocked time, not GPU waits)
+/// that one task ended (ns; a group's mean per request). `by` is absent for the rest: waits
+/// whose end the recording did not see (a lost record), and the wakers past the first few.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct BlockedBy {
+    pub by: Option<WakerRef>,
+    pub ns: f64,
+}
+
+/// Wakers kept per request and per group, largest first; the rest are summed into the last.
+const BLOCKED_BY_KEPT: usize = 5;
+
+/// Adds `ns` to `by`'s entry.
+pub(super) fn add_blocked(v: &mut Vec<BlockedBy>, by: Option<WakerRef>, ns: f64) {
+    let same = |b: &BlockedBy| match (&b.by, &by) {
+        (Some(a), Some(c)) => a.tid == c.tid && a.kind == c.kind,
+        (a, c) => a.is_none() && c.is_none(),
+    };
+    match v.iter_mut().find(|b| same(b)) {
+        Some(b) => b.ns += ns,
+        None => v.push(BlockedBy { by, ns }),
+    }
+}
+
+/// Largest first, at most `BLOCKED_BY_KEPT` (the rest folded into an unattributed entry, so
+/// the entries still add up to the blocked time).
+pub(super) fn rank_blocked(v: &mut Vec<BlockedBy>) {
+    v.sort_by(|a, b| b.ns.total_cmp(&a.ns));
+    if v.len() > BLOCKED_BY_KEPT {
+        let rest: f64 = v.drain(BLOCKED_BY_KEPT - 1..).map(|b| b.ns).sum();
+        v.push(BlockedBy { by: None, ns: rest });
+    }
+}
