@@ -13,8 +13,10 @@ use crate::{is_root, run};
 /// Debian packages: LLVM 22 for bpf-linker, bpftool (the BTF cross-check test and BPF
 /// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks), protoc
 /// (decodes the Perfetto output in the tests), Chromium (renders the HTML output in the
-/// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer).
-const APT_PACKAGES: [(&str, &str); 8] = [
+/// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer),
+/// Python's venv (the Perfetto test installs Perfetto's published protos in one). A probe is a
+/// program, a path, or a shell command (with a space) that succeeds when the package is there.
+const APT_PACKAGES: [(&str, &str); 9] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
@@ -23,14 +25,20 @@ const APT_PACKAGES: [(&str, &str); 8] = [
     ("chromium", "chromium"),
     ("gcc", "cc"),
     ("bpftrace", "bpftrace"),
+    ("python3-venv", "python3 -c 'import ensurepip'"),
 ];
 
 fn have(program: &str) -> bool {
     if program.starts_with('/') {
         return std::path::Path::new(program).exists();
     }
+    let probe = if program.contains(' ') {
+        program.to_string()
+    } else {
+        format!("command -v {program}")
+    };
     Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
+        .args(["-c", &probe])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

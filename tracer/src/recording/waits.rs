@@ -21,6 +21,15 @@ pub enum WaitKind {
 }
 
 impl WaitKind {
+    /// As the JSON names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Contention => "contention",
+            Self::Migration => "migration",
+            Self::IdleCpu => "idle_cpu",
+        }
+    }
+
     /// What the kernel side decided for the wait a switch-in record ended (none in records
     /// of trace format 1).
     pub fn of(ev: &Event) -> Option<WaitKind> {

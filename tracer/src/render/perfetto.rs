@@ -1,12 +1,15 @@
 //! Perfetto's native trace format (a protobuf `Trace` of `TracePacket`s), which the Perfetto UI
-//! (ui.perfetto.dev) opens: a track per thread with its states as slices, a track per thread
-//! with its synchronizing CUDA calls, and process-level counter tracks for run-queue wait,
-//! MPKI, GPU utilization and the number of threads waiting on the GPU.
+//! (ui.perfetto.dev) opens: a track per thread with its states as slices (a run-queue wait
+//! names the task that had the CPU), a track per thread with its synchronizing CUDA calls and
+//! one with the requests it served, a track per CPU with the target's threads running there,
+//! and counter tracks for run-queue wait, MPKI, GPU utilization and clocks, and the number of
+//! threads waiting on the GPU.
 //!
 //! The handful of messages needed are encoded by hand; field numbers are those of Perfetto's
-//! published protos (protos/perfetto/trace/trace_packet.proto, track_event/*.proto).
-//! Timestamps are CLOCK_MONOTONIC nanoseconds, left on the packets' default clock: the UI only
-//! needs them to be consistent.
+//! published protos (protos/perfetto/trace/trace_packet.proto, clock_snapshot.proto,
+//! track_event/*.proto). Timestamps are CLOCK_MONOTONIC nanoseconds, declared so (the
+//! sequence's default clock) with a clock snapshot of MONOTONIC against REALTIME, so the file
+//! lines up with other traces of the same host. Timed packets are written in time order.
 
 use tracer_common::PerfSlot;
 
@@ -64,7 +67,17 @@ const PACKET_SEQUENCE_ID: u32 = 10;
 const PACKET_TRACK_EVENT: u32 = 11;
 const PACKET_SEQUENCE_FLAGS: u32 = 13;
 const PACKET_TRACK_DESCRIPTOR: u32 = 60;
+const PACKET_CLOCK_SNAPSHOT: u32 = 6;
+const PACKET_DEFAULTS: u32 = 59;
+const DEFAULTS_TIMESTAMP_CLOCK_ID: u32 = 58;
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
+// ClockSnapshot fields, and the builtin clocks.
+const SNAPSHOT_CLOCKS: u32 = 1;
+const SNAPSHOT_PRIMARY_CLOCK: u32 = 2;
+const CLOCK_ID: u32 = 1;
+const CLOCK_TIMESTAMP: u32 = 2;
+const CLOCK_REALTIME: u64 = 1;
+const CLOCK_MONOTONIC: u64 = 3;
 // TrackDescriptor fields.
 const TRACK_UUID: u32 = 1;
 const TRACK_NAME: u32 = 2;
@@ -83,6 +96,7 @@ const COUNTER_UNIT: u32 = 3;
 const UNIT_TIME_NS: u64 = 1;
 const UNIT_COUNT: u64 = 2;
 // TrackEvent fields.
+const EVENT_DEBUG_ANNOTATIONS: u32 = 4;
 const EVENT_TYPE: u32 = 9;
 const EVENT_TRACK: u32 = 11;
 const EVENT_NAME: u32 = 23;
@@ -91,6 +105,10 @@ const EVENT_DOUBLE_COUNTER: u32 = 44;
 const TYPE_SLICE_BEGIN: u64 = 1;
 const TYPE_SLICE_END: u64 = 2;
 const TYPE_COUNTER: u64 = 4;
+// DebugAnnotation fields.
+const ANNOTATION_NAME: u32 = 10;
+const ANNOTATION_UINT: u32 = 3;
+const ANNOTATION_STRING: u32 = 6;
 // Trace field.
 const TRACE_PACKET: u32 = 1;
 
@@ -100,9 +118,19 @@ const SEQUENCE: u64 = 1;
 struct Writer {
     trace: Msg,
     first: bool,
+    /// Timed packets, emitted sorted by time (stable: a slice's begin stays before its end
+    /// at the same time) once every descriptor is out.
+    timed: Vec<(u64, Msg)>,
+}
+
+/// An argument shown with a slice.
+enum Arg<'a> {
+    Str(&'a str, &'a str),
+    Uint(&'a str, u64),
 }
 
 impl Writer {
+    /// A packet of the sequence; the first clears its state and sets its clock.
     fn packet(&mut self, ts: Option<u64>, field: u32, body: &Msg) {
         let mut p = Msg::default();
         if let Some(ts) = ts {
@@ -111,9 +139,48 @@ impl Writer {
         p.uint(PACKET_SEQUENCE_ID, SEQUENCE);
         if self.first {
             p.uint(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
+            let mut d = Msg::default();
+            d.uint(DEFAULTS_TIMESTAMP_CLOCK_ID, CLOCK_MONOTONIC);
+            p.msg(PACKET_DEFAULTS, &d);
             self.first = false;
         }
         p.msg(field, body);
+        match ts {
+            Some(ts) => self.timed.push((ts, p)),
+            None => {
+                self.trace.msg(TRACE_PACKET, &p);
+            }
+        }
+    }
+
+    /// The trace: descriptors first, then the timed packets in time order.
+    fn finish(mut self) -> Vec<u8> {
+        self.timed.sort_by_key(|(ts, _)| *ts);
+        for (_, p) in &self.timed {
+            self.trace.msg(TRACE_PACKET, p);
+        }
+        self.trace.0
+    }
+
+    /// MONOTONIC (the timestamps' clock) against REALTIME at `t`.
+    fn clock_snapshot(&mut self, t: u64, realtime_minus_monotonic: i64) {
+        let mut snap = Msg::default();
+        for (id, ts) in [
+            (CLOCK_MONOTONIC, t),
+            (
+                CLOCK_REALTIME,
+                t.saturating_add_signed(realtime_minus_monotonic),
+            ),
+        ] {
+            let mut c = Msg::default();
+            c.uint(CLOCK_ID, id).uint(CLOCK_TIMESTAMP, ts);
+            snap.msg(SNAPSHOT_CLOCKS, &c);
+        }
+        snap.uint(SNAPSHOT_PRIMARY_CLOCK, CLOCK_MONOTONIC);
+        let mut p = Msg::default();
+        p.uint(PACKET_TIMESTAMP, t)
+            .uint(PACKET_SEQUENCE_ID, SEQUENCE)
+            .msg(PACKET_CLOCK_SNAPSHOT, &snap);
         self.trace.msg(TRACE_PACKET, &p);
     }
 
@@ -133,10 +200,22 @@ impl Writer {
     }
 
     fn slice(&mut self, track: u64, start: u64, end: u64, name: &str) {
+        self.slice_with(track, (start, end), name, &[]);
+    }
+
+    fn slice_with(&mut self, track: u64, (start, end): (u64, u64), name: &str, args: &[Arg]) {
         let mut b = Msg::default();
         b.uint(EVENT_TYPE, TYPE_SLICE_BEGIN)
             .uint(EVENT_TRACK, track)
             .string(EVENT_NAME, name);
+        for a in args {
+            let mut d = Msg::default();
+            match a {
+                Arg::Str(k, v) => d.string(ANNOTATION_NAME, k).string(ANNOTATION_STRING, v),
+                Arg::Uint(k, v) => d.string(ANNOTATION_NAME, k).uint(ANNOTATION_UINT, *v),
+            };
+            b.msg(EVENT_DEBUG_ANNOTATIONS, &d);
+        }
         self.packet(Some(start), PACKET_TRACK_EVENT, &b);
         let mut e = Msg::default();
         e.uint(EVENT_TYPE, TYPE_SLICE_END).uint(EVENT_TRACK, track);
@@ -167,6 +246,12 @@ fn thread_uuid(tid: u32) -> u64 {
 fn cuda_uuid(tid: u32) -> u64 {
     0x2_0000_0000 | tid as u64
 }
+fn requests_uuid(tid: u32) -> u64 {
+    0x5_0000_0000 | tid as u64
+}
+fn cpu_uuid(cpu: u32) -> u64 {
+    0x6_0000_0000 | cpu as u64
+}
 const RUNQ_UUID: u64 = 10;
 const MPKI_UUID: u64 = 11;
 const CUDA_WAITING_UUID: u64 = 12;
@@ -178,7 +263,9 @@ pub fn render(rec: &Recording) -> Vec<u8> {
     let mut w = Writer {
         trace: Msg::default(),
         first: true,
+        timed: Vec::new(),
     };
+    w.clock_snapshot(rec.start_ns, rec.host.realtime_minus_monotonic_ns);
     // A process track per member of the target set, the first given (which the counters
     // hang under) as PROCESS_UUID; recordings from before process trees have the target alone.
     let target = rec.target.pid;
@@ -208,6 +295,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
     }
 
     let timelines = rec.threads_over_time();
+    let names = Names::new(rec);
     for t in timelines.values() {
         let record = records.get(&t.tid);
         let name = record.map_or(String::new(), |r| r.comm.clone());
@@ -224,12 +312,9 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         w.track(&d);
         // Running and waiting are slices; blocked is the gap between them.
         for i in t.intervals.iter().filter(|i| i.state != State::Blocked) {
-            let name = match (i.state, i.cpu) {
-                (State::Running, Some(c)) => format!("running on CPU {c}"),
-                (s, _) => s.name().to_string(),
-            };
-            w.slice(thread_uuid(t.tid), i.start_ns, i.end_ns, &name);
+            state_slice(&mut w, t.tid, i, &names);
         }
+        requests_track(&mut w, rec, (t.tid, &name), uuid_of(pid));
         let spans: Vec<_> = timeline::cuda_spans(&rec.cuda_syncs, t.tid).collect();
         if !spans.is_empty() {
             let mut d = Msg::default();
@@ -245,11 +330,139 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         }
     }
 
+    cpu_tracks(&mut w, rec, timelines);
     run_queue_counter(&mut w, rec, timelines);
     mpki_counter(&mut w, rec);
     cuda_waiting_counter(&mut w, rec);
     gpu_counters(&mut w, rec);
-    w.trace.0
+    w.finish()
+}
+
+/// A running or runnable interval; a wait ended by a switch-in names the task that had the
+/// CPU before the thread got it.
+fn state_slice(w: &mut Writer, tid: u32, i: &timeline::Interval, names: &Names) {
+    let span = (i.start_ns, i.end_ns);
+    match (i.state, i.cpu, i.wait) {
+        (State::Running, Some(c), _) => w.slice(
+            thread_uuid(tid),
+            span.0,
+            span.1,
+            &format!("running on CPU {c}"),
+        ),
+        (State::Runnable, _, Some((kind, prev))) => {
+            let who = names.describe(prev);
+            let args = [
+                Arg::Str("ran_before", &who),
+                Arg::Uint("ran_before_tid", prev as u64),
+                Arg::Str("wait", kind.name()),
+            ];
+            w.slice_with(thread_uuid(tid), span, "waiting for a CPU", &args)
+        }
+        (s, _, _) => w.slice(thread_uuid(tid), span.0, span.1, s.name()),
+    }
+}
+
+/// The requests a thread served, on a track of their own (a request spans many of the
+/// thread's state slices, which cannot nest in it).
+fn requests_track(w: &mut Writer, rec: &Recording, (tid, name): (u32, &str), parent: u64) {
+    let Some(set) = &rec.requests else { return };
+    let spans: Vec<_> = set.spans.iter().filter(|r| r.tid == tid).collect();
+    if spans.is_empty() {
+        return;
+    }
+    let mut d = Msg::default();
+    d.uint(TRACK_UUID, requests_uuid(tid))
+        .uint(TRACK_PARENT, parent)
+        .string(TRACK_NAME, &format!("{tid} {name}: requests"));
+    w.track(&d);
+    for r in spans {
+        let label =
+            r.id.map_or("request".to_string(), |id| format!("request {id}"));
+        let mut args = vec![Arg::Uint("wall_ns", r.end_ns - r.start_ns)];
+        if let Some(id) = r.id {
+            args.push(Arg::Uint("id", id));
+        }
+        w.slice_with(requests_uuid(tid), (r.start_ns, r.end_ns), &label, &args);
+    }
+}
+
+/// Per CPU, the target's threads running on it: the CPU's view, as Perfetto shows a kernel
+/// trace's. Intervals that the timeline's clock makes overlap by a little are cut at the
+/// previous one's end, so each track's slices never nest.
+fn cpu_tracks(w: &mut Writer, rec: &Recording, timelines: &timeline::Timelines) {
+    let mut per_cpu: std::collections::BTreeMap<u32, Vec<(u64, u64, u32)>> = Default::default();
+    for t in timelines.values() {
+        for i in t.intervals.iter().filter(|i| i.state == State::Running) {
+            if let Some(c) = i.cpu {
+                per_cpu
+                    .entry(c)
+                    .or_default()
+                    .push((i.start_ns, i.end_ns, t.tid));
+            }
+        }
+    }
+    let comm = |tid: u32| {
+        rec.threads
+            .iter()
+            .find(|r| r.tid == tid)
+            .map_or("", |r| r.comm.as_str())
+    };
+    let comms: std::collections::HashMap<u32, &str> =
+        timelines.keys().map(|&tid| (tid, comm(tid))).collect();
+    for (cpu, mut v) in per_cpu {
+        let mut d = Msg::default();
+        d.uint(TRACK_UUID, cpu_uuid(cpu))
+            .string(TRACK_NAME, &format!("CPU {cpu}: the target's threads"));
+        w.track(&d);
+        v.sort_unstable();
+        let mut last = 0;
+        for (a, b, tid) in v {
+            let a = a.max(last);
+            if b <= a {
+                continue;
+            }
+            last = b;
+            let name = format!("{tid} {}", comms.get(&tid).copied().unwrap_or(""));
+            w.slice(cpu_uuid(cpu), a, b, &name);
+        }
+    }
+}
+
+/// Names of the tasks that had a CPU before a target thread got it: the target's threads and
+/// the preemptors the kernel side recorded.
+struct Names<'a> {
+    threads: std::collections::HashMap<u32, &'a str>,
+    others: std::collections::HashMap<u32, (&'a str, u32)>,
+}
+
+impl<'a> Names<'a> {
+    fn new(rec: &'a Recording) -> Self {
+        Self {
+            threads: rec
+                .threads
+                .iter()
+                .map(|t| (t.tid, t.comm.as_str()))
+                .collect(),
+            others: rec
+                .preemptors
+                .iter()
+                .map(|p| (p.pid, (p.comm.as_str(), p.tgid)))
+                .collect(),
+        }
+    }
+
+    fn describe(&self, tid: u32) -> String {
+        if tid == 0 {
+            return "idle (no task)".into();
+        }
+        if let Some(c) = self.threads.get(&tid) {
+            return format!("{c} (thread {tid} of the target)");
+        }
+        match self.others.get(&tid) {
+            Some((c, tgid)) => format!("{c} (PID {tgid}, thread {tid})"),
+            None => format!("thread {tid}"),
+        }
+    }
 }
 
 /// Run-queue wait of all threads per counter bin (ns of waiting per bin).

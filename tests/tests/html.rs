@@ -1,0 +1,385 @@
+//! The HTML report in a real browser: Debian's Chromium, headless, driven over the DevTools
+//! protocol (headless_chrome), loads the page of a real recording (the cpu-contention demo,
+//! which has requests and a tail) and is checked the way a user would look at it: no script
+//! errors, the verdict in the first screen, each thread's running time as drawn (pixels read
+//! back from the canvas) against the summary's on-CPU time, a drag on one chart zooming all of
+//! them, and a click on a tail request showing its parts. Screenshots go to
+//! target/test-artifacts/.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use headless_chrome::{
+    Browser, LaunchOptions, Tab,
+    browser::tab::point::Point,
+    protocol::cdp::{Input, Page, Runtime, types::Event},
+};
+use serde_json::Value;
+use tracer_tests::{require_root, run_tracer, serial};
+
+fn chromium() -> PathBuf {
+    let p = PathBuf::from("/usr/bin/chromium");
+    assert!(
+        p.exists(),
+        "the browser test needs Debian's chromium (apt-get install chromium); .ci/run installs it"
+    );
+    p
+}
+
+fn artifacts() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn eval(tab: &Tab, js: &str) -> Value {
+    let r = tab
+        .evaluate(js, false)
+        .unwrap_or_else(|e| panic!("{js}: {e}"));
+    r.value.unwrap_or(Value::Null)
+}
+
+fn mouse(tab: &Tab, kind: Input::DispatchMouseEventTypeOption, x: f64, y: f64, pressed: bool) {
+    tab.call_method(Input::DispatchMouseEvent {
+        Type: kind,
+        x,
+        y,
+        modifiers: None,
+        timestamp: None,
+        button: Some(Input::MouseButton::Left),
+        buttons: Some(if pressed { 1 } else { 0 }),
+        click_count: Some(1),
+        force: None,
+        tangential_pressure: None,
+        tilt_x: None,
+        tilt_y: None,
+        twist: None,
+        delta_x: None,
+        delta_y: None,
+        pointer_Type: None,
+    })
+    .unwrap();
+}
+
+fn screenshot(tab: &Tab, name: &str) {
+    let png = tab
+        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
+        .unwrap();
+    std::fs::write(artifacts().join(name), png).unwrap();
+}
+
+/// Opens `page` at `w` x `h` and waits for it to be drawn; returns the tab, the script errors
+/// it reported, and the time from navigation to interactive (ms).
+fn open(
+    browser: &Browser,
+    page: &Path,
+    w: u32,
+    h: u32,
+) -> (Arc<Tab>, Arc<Mutex<Vec<String>>>, f64) {
+    let tab = browser.new_tab().unwrap();
+    tab.call_method(
+        headless_chrome::protocol::cdp::Emulation::SetDeviceMetricsOverride {
+            width: w,
+            height: h,
+            device_scale_factor: 1.0,
+            mobile: false,
+            scale: None,
+            screen_width: None,
+            screen_height: None,
+            position_x: None,
+            position_y: None,
+            dont_set_visible_size: None,
+            screen_orientation: None,
+            viewport: None,
+            display_feature: None,
+            device_posture: None,
+        },
+    )
+    .unwrap();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = errors.clone();
+    tab.enable_runtime().unwrap();
+    tab.add_event_listener(Arc::new(move |e: &Event| match e {
+        Event::RuntimeExceptionThrown(x) => {
+            let d = &x.params.exception_details;
+            let what = d.exception.as_ref().and_then(|e| e.description.clone());
+            let at = format!("line {} column {}", d.line_number, d.column_number);
+            sink.lock()
+                .unwrap()
+                .push(format!("{}: {what:?} at {at}", d.text))
+        }
+        Event::RuntimeConsoleAPICalled(x)
+            if matches!(
+                x.params.Type,
+                Runtime::ConsoleAPICalledEventTypeOption::Error
+                    | Runtime::ConsoleAPICalledEventTypeOption::Warning
+            ) =>
+        {
+            sink.lock().unwrap().push(format!("{:?}", x.params.args))
+        }
+        _ => {}
+    }))
+    .unwrap();
+    let url = format!("file://{}", page.display());
+    tab.navigate_to(&url)
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    let t0 = Instant::now();
+    while eval(&tab, "!!(window.tracerPage && window.tracerPage.ready)") != Value::Bool(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the page never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // From the navigation's start, as the browser timed it.
+    let ms = eval(&tab, "performance.now()").as_f64().unwrap();
+    (tab, errors, ms)
+}
+
+/// Running pixels per lane, read back from the lanes canvas: the share of each lane's state
+/// area in the running colour.
+const RUNNING_PIXELS: &str = r#"(() => {
+  const P = window.tracerPage, u = P.lanesChart, bb = u.bbox;
+  const cols = Math.floor(bb.width), left = Math.round(bb.left);
+  const hex = getComputedStyle(document.documentElement).getPropertyValue("--run").trim();
+  const want = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const img = u.ctx.getImageData(left, 0, cols, u.ctx.canvas.height).data;
+  return JSON.stringify(P.lanes.map((l) => {
+    let n = 0;
+    for (let y = l.rows[0]; y < l.rows[1]; y++)
+      for (let x = 0; x < cols; x++) {
+        const o = (y * cols + x) * 4;
+        if (img[o] === want[0] && img[o + 1] === want[1] && img[o + 2] === want[2]) n++;
+      }
+    return [l.tid, n / ((l.rows[1] - l.rows[0]) * cols)];
+  }));
+})()"#;
+
+#[test]
+fn the_report_page_answers_in_a_real_browser() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-html-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("demo.html");
+    let out = run_tracer(&[
+        "demo",
+        "--scenario",
+        "cpu-contention",
+        "--duration",
+        "3s",
+        "--json",
+        "--quiet",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let browser = Browser::new(LaunchOptions {
+        path: Some(chromium()),
+        headless: true,
+        sandbox: false,
+        window_size: Some((1280, 800)),
+        idle_browser_timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .unwrap();
+    let (tab, errors, ms) = open(&browser, &page, 1280, 800);
+    eprintln!("the demo's page was interactive {ms:.0} ms after navigation");
+    screenshot(&tab, "html-demo-1280.png");
+
+    // The verdict leads: the summary's headline, whole, in the first screen.
+    let h = eval(
+        &tab,
+        "(() => { const e = document.getElementById('headline'); const r = e.getBoundingClientRect(); \
+         return JSON.stringify([e.textContent, r.top, r.bottom, document.documentElement.scrollWidth]); })()",
+    );
+    let h: Value = serde_json::from_str(h.as_str().unwrap()).unwrap();
+    assert_eq!(h[0], doc["verdict"]["headline"]);
+    assert!(
+        h[1].as_f64().unwrap() >= 0.0 && h[2].as_f64().unwrap() <= 800.0,
+        "{h}"
+    );
+    assert!(
+        h[3].as_f64().unwrap() <= 1280.0,
+        "no sideways scrolling: {h}"
+    );
+
+    // Every lane's running pixels against the summary's on-CPU share of the window. The
+    // drawing is per pixel column with the rounding carried along, so it adds up to the
+    // timeline's running time within a pixel of each lane: the tolerance is for the
+    // timeline's ends against the kernel's totals (a thread's first and last moments).
+    let window = doc["duration_ns"].as_f64().unwrap();
+    let drawn: Vec<(u64, f64)> =
+        serde_json::from_str(eval(&tab, RUNNING_PIXELS).as_str().unwrap()).unwrap();
+    assert!(!drawn.is_empty());
+    for (tid, share) in &drawn {
+        let t = doc["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tid"] == *tid)
+            .unwrap();
+        let want = t["oncpu_ns"].as_f64().unwrap() / window;
+        assert!(
+            (share - want).abs() <= 0.05 * want.max(0.02),
+            "thread {tid}: drawn running {share:.4} vs on-CPU share {want:.4}"
+        );
+    }
+
+    // Dragging across the lanes zooms every chart to the same range.
+    let r: Value = serde_json::from_str(
+        eval(
+            &tab,
+            "JSON.stringify((() => { document.getElementById('lanes').scrollIntoView({block: 'center'}); \
+             const r = tracerPage.lanesChart.over.getBoundingClientRect(); \
+             return [r.left, r.top, r.width]; })())",
+        )
+        .as_str()
+        .unwrap(),
+    )
+    .unwrap();
+    let (x, yy, w) = (
+        r[0].as_f64().unwrap(),
+        r[1].as_f64().unwrap() + 10.0,
+        r[2].as_f64().unwrap(),
+    );
+    use Input::DispatchMouseEventTypeOption::*;
+    mouse(&tab, MouseMoved, x + w * 0.25, yy, false);
+    mouse(&tab, MousePressed, x + w * 0.25, yy, true);
+    for k in 1..=10 {
+        mouse(
+            &tab,
+            MouseMoved,
+            x + w * (0.25 + 0.025 * k as f64),
+            yy,
+            true,
+        );
+    }
+    mouse(&tab, MouseReleased, x + w * 0.5, yy, false);
+    let ranges: Vec<(f64, f64)> = serde_json::from_str(
+        eval(
+            &tab,
+            "JSON.stringify(tracerPage.charts.map((c) => [c.scales.x.min, c.scales.x.max]))",
+        )
+        .as_str()
+        .unwrap(),
+    )
+    .unwrap();
+    let dur = window / 1e9;
+    assert!(ranges.len() >= 3, "{ranges:?}");
+    let (a, b) = ranges[0];
+    assert!(b - a < dur * 0.5 && a > 0.0, "zoomed in: {ranges:?}");
+    for r in &ranges {
+        assert!(
+            (r.0 - a).abs() < 1e-9 && (r.1 - b).abs() < 1e-9,
+            "{ranges:?}"
+        );
+    }
+    screenshot(&tab, "html-demo-zoomed.png");
+
+    // A click on a tail request's point shows its parts, which add up to its wall time.
+    // (A double-click first: back to the whole window.)
+    mouse(&tab, MouseMoved, x + w * 0.5, yy, false);
+    for _ in 0..2 {
+        mouse(&tab, MousePressed, x + w * 0.5, yy, true);
+        mouse(&tab, MouseReleased, x + w * 0.5, yy, false);
+    }
+    tab.call_method(Input::DispatchMouseEvent {
+        Type: MousePressed,
+        x: x + w * 0.5,
+        y: yy,
+        modifiers: None,
+        timestamp: None,
+        button: Some(Input::MouseButton::Left),
+        buttons: Some(1),
+        click_count: Some(2),
+        force: None,
+        tangential_pressure: None,
+        tilt_x: None,
+        tilt_y: None,
+        twist: None,
+        delta_x: None,
+        delta_y: None,
+        pointer_Type: None,
+    })
+    .unwrap();
+    mouse(&tab, MouseReleased, x + w * 0.5, yy, false);
+    let whole = eval(
+        &tab,
+        "tracerPage.charts[0].scales.x.max - tracerPage.charts[0].scales.x.min",
+    );
+    assert!(
+        (whole.as_f64().unwrap() - dur).abs() < 1e-6,
+        "reset: {whole}"
+    );
+    eval(
+        &tab,
+        "document.getElementById('latency').scrollIntoView({block: 'center'})",
+    );
+    let p: Value = serde_json::from_str(
+        eval(
+            &tab,
+            "JSON.stringify(tracerPage.tail.length ? tracerPage.pointOf(0) : null)",
+        )
+        .as_str()
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        !p.is_null(),
+        "no tail request with a decomposition on the page"
+    );
+    tab.click_point(Point {
+        x: p["x"].as_f64().unwrap(),
+        y: p["y"].as_f64().unwrap(),
+    })
+    .unwrap();
+    let parts: Vec<f64> = serde_json::from_str(
+        eval(
+            &tab,
+            "JSON.stringify([...document.querySelectorAll('#detail-table tr.part td[data-ns]')].map((e) => +e.dataset.ns))",
+        )
+        .as_str()
+        .unwrap(),
+    )
+    .unwrap();
+    let wall = eval(
+        &tab,
+        "+document.querySelector('#detail-table tr.wall [data-ns]').dataset.ns",
+    )
+    .as_f64()
+    .unwrap();
+    let sum: f64 = parts.iter().sum();
+    assert!(
+        wall > 0.0 && (sum - wall).abs() <= 0.05 * wall,
+        "parts {parts:?} sum {sum} vs wall {wall}"
+    );
+    screenshot(&tab, "html-demo-request.png");
+
+    // Narrow and wide windows: still no sideways scrolling, the headline still first.
+    for (w, h) in [(800, 900), (2560, 1300)] {
+        let (tab, errs, _) = open(&browser, &page, w, h);
+        let sw = eval(&tab, "document.documentElement.scrollWidth")
+            .as_f64()
+            .unwrap();
+        assert!(sw <= w as f64, "{w} px: the page is {sw} px wide");
+        screenshot(&tab, &format!("html-demo-{w}.png"));
+        assert!(
+            errs.lock().unwrap().is_empty(),
+            "{:?}",
+            errs.lock().unwrap()
+        );
+    }
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "script errors: {:?}",
+        errors.lock().unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
