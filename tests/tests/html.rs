@@ -18,7 +18,7 @@ use headless_chrome::{
     protocol::cdp::{Input, Page, Runtime, types::Event},
 };
 use serde_json::Value;
-use tracer_tests::{require_root, run_tracer, serial};
+use tracer_tests::{Testload, Tracer, require_root, run_tracer, serial};
 
 fn chromium() -> PathBuf {
     let p = PathBuf::from("/usr/bin/chromium");
@@ -43,6 +43,17 @@ fn eval(tab: &Tab, js: &str) -> Value {
 }
 
 fn mouse(tab: &Tab, kind: Input::DispatchMouseEventTypeOption, x: f64, y: f64, pressed: bool) {
+    mouse_clicks(tab, kind, (x, y), pressed, 1);
+}
+
+/// A mouse event of the left button; `clicks` 2 makes a press a double-click's second.
+fn mouse_clicks(
+    tab: &Tab,
+    kind: Input::DispatchMouseEventTypeOption,
+    (x, y): (f64, f64),
+    pressed: bool,
+    clicks: u32,
+) {
     tab.call_method(Input::DispatchMouseEvent {
         Type: kind,
         x,
@@ -51,7 +62,7 @@ fn mouse(tab: &Tab, kind: Input::DispatchMouseEventTypeOption, x: f64, y: f64, p
         timestamp: None,
         button: Some(Input::MouseButton::Left),
         buttons: Some(if pressed { 1 } else { 0 }),
-        click_count: Some(1),
+        click_count: Some(clicks),
         force: None,
         tangential_pressure: None,
         tilt_x: None,
@@ -136,8 +147,9 @@ fn open(
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // From the navigation's start, as the browser timed it.
-    let ms = eval(&tab, "performance.now()").as_f64().unwrap();
+    // From the navigation's start to the page's first frame with every chart drawn and its
+    // handlers bound, as the browser timed it.
+    let ms = eval(&tab, "tracerPage.readyAt").as_f64().unwrap();
     (tab, errors, ms)
 }
 
@@ -286,30 +298,10 @@ fn the_report_page_answers_in_a_real_browser() {
     // A click on a tail request's point shows its parts, which add up to its wall time.
     // (A double-click first: back to the whole window.)
     mouse(&tab, MouseMoved, x + w * 0.5, yy, false);
-    for _ in 0..2 {
-        mouse(&tab, MousePressed, x + w * 0.5, yy, true);
-        mouse(&tab, MouseReleased, x + w * 0.5, yy, false);
-    }
-    tab.call_method(Input::DispatchMouseEvent {
-        Type: MousePressed,
-        x: x + w * 0.5,
-        y: yy,
-        modifiers: None,
-        timestamp: None,
-        button: Some(Input::MouseButton::Left),
-        buttons: Some(1),
-        click_count: Some(2),
-        force: None,
-        tangential_pressure: None,
-        tilt_x: None,
-        tilt_y: None,
-        twist: None,
-        delta_x: None,
-        delta_y: None,
-        pointer_Type: None,
-    })
-    .unwrap();
+    mouse(&tab, MousePressed, x + w * 0.5, yy, true);
     mouse(&tab, MouseReleased, x + w * 0.5, yy, false);
+    mouse_clicks(&tab, MousePressed, (x + w * 0.5, yy), true, 2);
+    mouse_clicks(&tab, MouseReleased, (x + w * 0.5, yy), false, 2);
     let whole = eval(
         &tab,
         "tracerPage.charts[0].scales.x.max - tracerPage.charts[0].scales.x.min",
@@ -379,6 +371,63 @@ fn the_report_page_answers_in_a_real_browser() {
     assert!(
         errors.lock().unwrap().is_empty(),
         "script errors: {:?}",
+        errors.lock().unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A minute of a 50-thread process (each thread spinning 200 us and sleeping 300 us, moved
+/// between CPUs: about 2,000 state changes a second each, so its lanes come as bins) opens
+/// and is interactive within 2 s, with every lane drawn.
+#[test]
+fn a_minute_of_fifty_threads_is_interactive_within_two_seconds() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-html-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("big.html");
+    let mut load = Testload::spawn(&["mixed", "50"]);
+    let pid = load.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "60s",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    // Round after round (each about 0.75 s here) until the window has ended.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(61) {
+        load.send("go");
+        load.expect("done");
+    }
+    let out = tracer.finish(Duration::from_secs(120));
+    assert!(out.status.success(), "{}", out.stderr);
+    drop(load);
+    let size = std::fs::metadata(&page).unwrap().len();
+    let browser = Browser::new(LaunchOptions {
+        path: Some(chromium()),
+        headless: true,
+        sandbox: false,
+        window_size: Some((1280, 800)),
+        idle_browser_timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .unwrap();
+    let (tab, errors, ms) = open(&browser, &page, 1280, 800);
+    let lanes = eval(&tab, "tracerPage.lanes.length").as_u64().unwrap();
+    let marks = eval(&tab, "JSON.stringify(tracerPage.marks)");
+    eprintln!(
+        "60 s, 50 threads: {size} bytes, {lanes} lanes, interactive after {ms:.0} ms ({marks})"
+    );
+    screenshot(&tab, "html-big-1280.png");
+    assert!(lanes >= 50, "{lanes} lanes");
+    assert!(ms < 2000.0, "interactive after {ms:.0} ms");
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
         errors.lock().unwrap()
     );
     let _ = std::fs::remove_dir_all(&dir);

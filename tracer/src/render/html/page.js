@@ -4,13 +4,16 @@
 // drawn in uPlot draw hooks, per device pixel column, from exact per-state time (see laneModel):
 // a state shorter than a pixel still shows as its share of the column.
 (function () {
+  // Where the set-up's time goes (ms from the navigation's start), for the load-time test.
+  const marks = { script: performance.now() };
   const D = JSON.parse(document.getElementById("data").textContent);
+  marks.parsed = performance.now();
   const R = D.report, V = R.verdict, S = R;
   const DUR = Math.max(D.duration_ns, 1) / 1e9;
   const css = getComputedStyle(document.documentElement);
   const C = (n) => css.getPropertyValue("--" + n).trim();
   const charts = [];
-  const page = (window.tracerPage = { charts, data: D, lanes: [], tail: [] });
+  const page = (window.tracerPage = { charts, data: D, lanes: [], tail: [], marks });
   let syncing = false;
 
   function dur(ns) {
@@ -443,14 +446,16 @@
     $("about").append(el("p", { class: "note", text: "Window " + DUR.toFixed(3) + " s; tracer " + S.tracer_version + ". The JSON summary (--json) has every number." }), t);
   }
 
-  verdict();
-  requests();
-  lanes();
-  heat();
-  gpu();
-  counters();
-  about();
+  for (const [name, f] of [["verdict", verdict], ["requests", requests], ["lanes", lanes], ["heat", heat],
+    ["gpu", gpu], ["counters", counters], ["about", about]]) {
+    f();
+    marks[name] = performance.now();
+  }
   rangeLabel(0, DUR);
   addEventListener("resize", () => { for (const c of charts) c.setSize({ width: width(), height: c.height }); });
-  page.ready = true;
+  // Ready once the charts' first draw (uPlot commits in a microtask) is on screen.
+  requestAnimationFrame(() => setTimeout(() => {
+    page.readyAt = performance.now();
+    page.ready = true;
+  }));
 })();
