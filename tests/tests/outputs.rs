@@ -264,6 +264,7 @@ fn outputs_through_sudo_belong_to_the_user() {
     let pid = target.0.id().to_string();
     let trace = dir.join("r.trace");
     let html = dir.join("r.html");
+    let perfetto = dir.join("r.pftrace");
     let out = Command::new(tracer_bin())
         .args(["attach", "-p", &pid, "-d", "300ms", "-q"])
         .args([
@@ -271,6 +272,8 @@ fn outputs_through_sudo_belong_to_the_user() {
             trace.to_str().unwrap(),
             "--html",
             html.to_str().unwrap(),
+            "--perfetto",
+            perfetto.to_str().unwrap(),
         ])
         .env("SUDO_UID", "65534")
         .env("SUDO_GID", "65533")
@@ -281,7 +284,7 @@ fn outputs_through_sudo_belong_to_the_user() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for f in [&trace, &html] {
+    for f in [&trace, &html, &perfetto] {
         let m = f.metadata().unwrap();
         assert_eq!((m.uid(), m.gid()), (65534, 65533), "{}", f.display());
         assert_eq!(m.mode() & 0o777, 0o600, "{}", f.display());
