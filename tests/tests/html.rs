@@ -29,6 +29,18 @@ fn chromium() -> PathBuf {
     p
 }
 
+fn browser() -> Browser {
+    Browser::new(LaunchOptions {
+        path: Some(chromium()),
+        headless: true,
+        sandbox: false,
+        window_size: Some((1280, 800)),
+        idle_browser_timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 fn artifacts() -> PathBuf {
     let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
     std::fs::create_dir_all(&d).unwrap();
@@ -192,15 +204,7 @@ fn the_report_page_answers_in_a_real_browser() {
     ]);
     assert!(out.status.success(), "{}", out.stderr);
     let doc = out.json();
-    let browser = Browser::new(LaunchOptions {
-        path: Some(chromium()),
-        headless: true,
-        sandbox: false,
-        window_size: Some((1280, 800)),
-        idle_browser_timeout: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .unwrap();
+    let browser = browser();
     let (tab, errors, ms) = open(&browser, &page, 1280, 800);
     eprintln!("the demo's page was interactive {ms:.0} ms after navigation");
     screenshot(&tab, "html-demo-1280.png");
@@ -407,15 +411,7 @@ fn a_minute_of_fifty_threads_is_interactive_within_two_seconds() {
     assert!(out.status.success(), "{}", out.stderr);
     drop(load);
     let size = std::fs::metadata(&page).unwrap().len();
-    let browser = Browser::new(LaunchOptions {
-        path: Some(chromium()),
-        headless: true,
-        sandbox: false,
-        window_size: Some((1280, 800)),
-        idle_browser_timeout: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .unwrap();
+    let browser = browser();
     let (tab, errors, ms) = open(&browser, &page, 1280, 800);
     let lanes = eval(&tab, "tracerPage.lanes.length").as_u64().unwrap();
     let marks = eval(&tab, "JSON.stringify(tracerPage.marks)");

@@ -330,7 +330,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
         }
     }
 
-    cpu_tracks(&mut w, rec, timelines);
+    cpu_tracks(&mut w, timelines, &names);
     run_queue_counter(&mut w, rec, timelines);
     mpki_counter(&mut w, rec);
     cuda_waiting_counter(&mut w, rec);
@@ -389,7 +389,7 @@ fn requests_track(w: &mut Writer, rec: &Recording, (tid, name): (u32, &str), par
 /// Per CPU, the target's threads running on it: the CPU's view, as Perfetto shows a kernel
 /// trace's. Intervals that the timeline's clock makes overlap by a little are cut at the
 /// previous one's end, so each track's slices never nest.
-fn cpu_tracks(w: &mut Writer, rec: &Recording, timelines: &timeline::Timelines) {
+fn cpu_tracks(w: &mut Writer, timelines: &timeline::Timelines, names: &Names) {
     let mut per_cpu: std::collections::BTreeMap<u32, Vec<(u64, u64, u32)>> = Default::default();
     for t in timelines.values() {
         for i in t.intervals.iter().filter(|i| i.state == State::Running) {
@@ -401,14 +401,6 @@ fn cpu_tracks(w: &mut Writer, rec: &Recording, timelines: &timeline::Timelines) 
             }
         }
     }
-    let comm = |tid: u32| {
-        rec.threads
-            .iter()
-            .find(|r| r.tid == tid)
-            .map_or("", |r| r.comm.as_str())
-    };
-    let comms: std::collections::HashMap<u32, &str> =
-        timelines.keys().map(|&tid| (tid, comm(tid))).collect();
     for (cpu, mut v) in per_cpu {
         let mut d = Msg::default();
         d.uint(TRACK_UUID, cpu_uuid(cpu))
@@ -422,7 +414,7 @@ fn cpu_tracks(w: &mut Writer, rec: &Recording, timelines: &timeline::Timelines) 
                 continue;
             }
             last = b;
-            let name = format!("{tid} {}", comms.get(&tid).copied().unwrap_or(""));
+            let name = format!("{tid} {}", names.threads.get(&tid).copied().unwrap_or(""));
             w.slice(cpu_uuid(cpu), a, b, &name);
         }
     }
