@@ -165,9 +165,9 @@ fn one(c: &CgroupRecording) -> CgroupSummary {
 mod tests {
     use super::*;
     use crate::{
-        analysis::testutil::recording,
         recording::CgroupRecording,
         recording::cgroup::{CpuCgroup, CpuLimit},
+        recording::testutil::recording,
     };
 
     fn t(periods: u64, throttled: u64, ns: u64) -> Throttling {

@@ -164,7 +164,7 @@ impl<'a> Held<'a> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::testutil::{recording, thread},
+        recording::testutil::{recording, thread},
         recording::timeline::{ThreadTimeline, Woken},
     };
 

@@ -17,9 +17,6 @@ pub mod summary;
 pub mod verdict;
 pub mod wakers;
 
-#[cfg(test)]
-pub mod testutil;
-
 pub use report::Report;
 
 /// The report on a recording: the summary built whole, then judged (`verdict::judge` reads

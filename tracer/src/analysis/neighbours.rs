@@ -163,7 +163,8 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
 mod tests {
     use super::*;
     use crate::{
-        analysis::{preemptors::summarize, testutil::recording},
+        analysis::preemptors::summarize,
+        recording::testutil::recording,
         recording::{ChildRecord, PreemptorRecord},
     };
 

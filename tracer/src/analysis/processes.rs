@@ -141,7 +141,7 @@ fn each(rec: &Recording) -> Vec<ProcessSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::testutil::{recording, thread};
+    use crate::recording::testutil::{recording, thread};
 
     #[test]
     fn threads_add_up_per_process_and_a_process_leaves_with_its_last_thread() {

@@ -117,7 +117,7 @@ pub fn check(rec: &Recording) -> Option<SelfCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::testutil::{recording, thread};
+    use crate::recording::testutil::{recording, thread};
 
     fn counts(t_ns: u64, oncpu_ns: u64, voluntary: u64, involuntary: u64) -> ProcCounts {
         ProcCounts {

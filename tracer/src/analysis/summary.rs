@@ -490,8 +490,8 @@ pub fn build(rec: &Recording) -> Summary {
 mod tests {
     use super::*;
     use crate::{
-        analysis::testutil::{recording, thread},
         recording::PreemptorRecord,
+        recording::testutil::{recording, thread},
     };
 
     #[test]

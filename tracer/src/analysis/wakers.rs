@@ -232,7 +232,7 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::testutil::{recording, thread};
+    use crate::recording::testutil::{recording, thread};
 
     fn waker(tid: u32, waker_tid: u32, waker_tgid: u32, syscall: u32, ns: u64) -> WakerRecord {
         WakerRecord {

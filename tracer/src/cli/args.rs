@@ -12,13 +12,58 @@ use clap::Args;
 use crate::{
     session::{GpuSettings, SessionOptions},
     sources::{
+        cgroup_target,
         ebpf::{
             ProbeChoice, ProbeOptions,
             requests::{Marker, RequestMarkers},
         },
         perf::CounterChoice,
+        targets::Targets,
     },
 };
+
+/// Which processes to record, shared by attach and watch.
+#[derive(Debug, Args, Clone)]
+pub struct TargetArgs {
+    /// The processes to record: `-p 12,34` or `-p 12 -p 34` (a thread ID is resolved to its
+    /// process). Each brings its child processes unless --no-children.
+    #[arg(
+        long,
+        short,
+        required_unless_present = "cgroup",
+        value_delimiter = ',',
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub pid: Vec<u32>,
+    /// Record every process in this cgroup and its descendant cgroups, and those that join
+    /// them during the recording: a container, a systemd unit, a Kubernetes pod. A cgroup v2
+    /// directory or a v1 one (/sys/fs/cgroup/cpu/...), or a path relative to the cgroup mount
+    /// (/system.slice/NAME.service). With -p, both.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_children")]
+    pub cgroup: Option<String>,
+}
+
+impl TargetArgs {
+    /// The target set, with a notice for each thread ID given for its process.
+    pub fn resolve(&self, record: &RecordArgs) -> Result<Targets> {
+        let targets = match &self.cgroup {
+            Some(path) => Targets::with_cgroup(&self.pid, cgroup_target::resolve(path)?)?,
+            None => Targets::resolve(&self.pid, !record.no_children)?,
+        };
+        for target in &targets.members {
+            if let Some(tid) = target.resolved_from_tid
+                && !record.quiet
+            {
+                eprintln!(
+                    "tracer: {tid} is a thread of process {} ({}); recording the whole process",
+                    target.pid,
+                    crate::recording::printable(&target.comm)
+                );
+            }
+        }
+        Ok(targets)
+    }
+}
 
 /// How the recording is taken and shown, shared by attach, run and demo.
 #[derive(Debug, Args, Clone)]

@@ -8,6 +8,7 @@ mod doctor;
 mod emit;
 mod report;
 mod run;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -29,7 +30,8 @@ use crate::{render, workload};
     sudo tracer attach -p 1234 --request-start /srv/server:req_begin --request-end \
          /srv/server:req_done --request-id-arg 0   # per-request verdict
     sudo tracer attach -p 1234 --latencies /tmp/requests.jsonl
-    sudo tracer attach -p 1234 -o rec.trace && tracer report rec.trace --html rec.html")]
+    sudo tracer attach -p 1234 -o rec.trace && tracer report rec.trace --html rec.html
+    sudo tracer watch -p 1234 --interval 10s --prometheus 127.0.0.1:9464")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,6 +43,9 @@ enum Command {
     Attach(attach::AttachArgs),
     /// Start a command and record it from its first instruction until it exits.
     Run(run::RunArgs),
+    /// Stay attached and close a window every interval, each with its verdict; serve the
+    /// series to Prometheus.
+    Watch(watch::WatchArgs),
     /// Run the built-in inference-like workload under a CPU disturbance and explain it.
     Demo(demo::DemoArgs),
     /// Say what this host lets the tracer measure, and what to do about the rest.
@@ -88,6 +93,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Attach(a) => attach::run(a).map(|()| 0),
         Command::Run(r) => run::run(r),
+        Command::Watch(w) => watch::run(w).map(|()| 0),
         Command::Demo(d) => demo::run(d).map(|()| 0),
         Command::Doctor(d) => doctor::run(d).map(|()| 0),
         Command::Report(r) => report::run(r).map(|()| 0),

@@ -118,6 +118,14 @@ impl Collector {
         }
     }
 
+    /// The collector of the window that starts at `start`, where this one's ends (`tracer
+    /// watch`): a collection begun in this window ends in that one, so its start moves over.
+    pub fn successor(&mut self, start: u64) -> Self {
+        let mut next = Self::new(start, self.bins.bin_ns, self.timeline.is_some());
+        next.gc_open = std::mem::take(&mut self.gc_open);
+        next
+    }
+
     /// The counter bin of time `t` (the launch bins share their width).
     fn bin_of(&mut self, t: u64) -> u64 {
         let width = self.bins.bin_ns;

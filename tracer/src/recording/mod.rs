@@ -21,6 +21,10 @@ pub mod timeline;
 pub mod topology;
 pub mod waits;
 pub mod wakers;
+pub mod window;
+
+#[cfg(test)]
+pub mod testutil;
 
 use std::collections::BTreeMap;
 
@@ -45,6 +49,8 @@ pub enum EndReason {
     Interrupted,
     /// The target process exited.
     TargetExited,
+    /// `tracer watch` closed the window at its interval; the recording went on.
+    Window,
     /// Recovered from a trace file the tracer did not finish (crash, kill, full disk).
     Unfinished,
 }

@@ -43,4 +43,9 @@ pub struct Losses {
     pub clock_checks: u64,
     #[serde(default)]
     pub clock_error_ns: u64,
+    /// `tracer watch`: records from before the window began that arrived after the one they
+    /// belong to was reported (a CPU that ran one task without switching held them). Its wait
+    /// samples and timeline lack them; its totals, from the kernel, do not.
+    #[serde(default)]
+    pub late_records: u64,
 }

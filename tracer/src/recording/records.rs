@@ -9,6 +9,16 @@ pub enum Record {
     Counters(CounterSlice),
 }
 
+impl Record {
+    /// When it happened (a counter slice: its end), CLOCK_MONOTONIC.
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Self::Event(e) => e.ts_ns,
+            Self::Counters(c) => c.ts_ns,
+        }
+    }
+}
+
 /// Reads a `T` from the front of `bytes` if it is long enough.
 fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < size_of::<T>() {

@@ -3,12 +3,13 @@
 mod held_up;
 pub mod html;
 pub mod perfetto;
+pub mod prometheus;
 pub mod text;
 pub mod verdict;
 
 use std::io::Write;
 
-use serde_json::ser::{Formatter, PrettyFormatter};
+use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 
 use crate::analysis::Report;
 
@@ -24,13 +25,22 @@ pub fn write_json(s: &impl serde::Serialize, out: impl Write) -> std::io::Result
     out.flush()
 }
 
+/// The same document on one line (`tracer watch --json`: JSON lines, a document per window).
+pub fn write_json_line(s: &impl serde::Serialize, out: impl Write) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(out);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, TerminalSafe(CompactFormatter));
+    s.serialize(&mut ser)?;
+    writeln!(out)?;
+    out.flush()
+}
+
 /// serde_json escapes the C0 controls in strings but writes DEL, the C1 controls and the
 /// bidirectional overrides as they are, and a terminal acts on some of them (a thread can name
 /// itself anything). This formatter writes those as `\uXXXX` too, which means the same
 /// character to any JSON reader.
-struct TerminalSafe(PrettyFormatter<'static>);
+struct TerminalSafe<F>(F);
 
-impl Formatter for TerminalSafe {
+impl<F: Formatter> Formatter for TerminalSafe<F> {
     fn write_string_fragment<W: ?Sized + Write>(
         &mut self,
         w: &mut W,
@@ -46,7 +56,7 @@ impl Formatter for TerminalSafe {
         w.write_all(rest.as_bytes())
     }
 
-    // The rest is PrettyFormatter's.
+    // The rest is the inner formatter's.
     fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.0.begin_array(w)
     }

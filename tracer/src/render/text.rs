@@ -57,6 +57,7 @@ pub fn render(r: &Report) -> String {
                 .saturating_sub(s.start_ns))
         ),
         EndReason::Unfinished => " (from an unfinished trace file)".into(),
+        EndReason::Window => " (one window of `tracer watch`)".into(),
     };
     let _ = writeln!(
         out,

@@ -27,12 +27,13 @@ use crate::{
 
 /// How the window went, and what was gathered outside the kernel maps.
 pub struct Ended {
+    /// Where the accounts are closed from: the run's start.
     pub start: u64,
     pub end: u64,
     pub end_reason: EndReason,
     pub target_exited_ns: Option<u64>,
     pub initial: BTreeMap<u32, ThreadInfo>,
-    pub cuda_at_end: Vec<(u32, tracer_common::CudaThread)>,
+    /// The threads reaped from the kernel's maps.
     pub finished: Reaped,
     pub gpu: Option<GpuRecording>,
     pub gpu_capability: Capability,
@@ -133,31 +134,77 @@ fn forked(probes: &SchedProbes) -> Result<Vec<Forked>> {
         .collect())
 }
 
-/// Reads the kernel maps and joins everything into the recording.
+/// The kernel's accounts as read at one instant: running totals since the run's start.
+#[derive(Clone)]
+pub struct Kernel {
+    threads: Vec<ThreadStats>,
+    counters: BTreeMap<u32, CounterTotals>,
+    cuda: BTreeMap<u32, CudaTotals>,
+    preemptors: Vec<Preemptor>,
+    migrations: Vec<(tracer_common::MigrationKey, u64)>,
+    wakers: Vec<crate::recording::wakers::WakerRecord>,
+    losses: crate::recording::Losses,
+    forked: Vec<Forked>,
+}
+
+impl Kernel {
+    /// Reads the maps, with the threads reaped from them (`finished`). `cuda_at_end`: the CUDA
+    /// accounts read before the uprobes came off, when they are detached by now.
+    pub fn read(
+        probes: &mut SchedProbes,
+        finished: &Reaped,
+        cuda_at_end: Option<Vec<(u32, tracer_common::CudaThread)>>,
+    ) -> Result<Self> {
+        let mut threads = probes.threads()?;
+        threads.extend_from_slice(&finished.stats);
+        let counters = probes
+            .thread_counters()?
+            .iter()
+            .chain(finished.counters.iter())
+            .map(|(tid, c)| (*tid, CounterTotals::from(c)))
+            .collect();
+        let cuda_now = match cuda_at_end {
+            Some(c) => c,
+            None => probes.cuda_threads()?,
+        };
+        let cuda = cuda_now
+            .iter()
+            .chain(finished.cuda.iter())
+            .map(|(tid, c)| (*tid, CudaTotals::from(c)))
+            .collect();
+        let wakers = crate::recording::wakers::with_runs(probes.wakers()?, &threads);
+        Ok(Self {
+            counters,
+            cuda,
+            preemptors: probes.preemptors()?,
+            migrations: probes.migrations()?,
+            wakers,
+            losses: probes.losses()?,
+            forked: forked(probes)?,
+            threads,
+        })
+    }
+}
+
+/// Joins the kernel's accounts and everything else into the recording.
 pub fn recording(
     targets: &Targets,
-    probes: &mut SchedProbes,
+    probes: &SchedProbes,
+    k: Kernel,
     mut col: Collector,
     w: Ended,
 ) -> Result<Recording> {
     let target = targets.primary();
-    let losses = probes.losses()?;
-    let mut finished = w.finished;
-    let mut kernel = probes.threads()?;
-    kernel.append(&mut finished.stats);
-    let counters: BTreeMap<u32, CounterTotals> = probes
-        .thread_counters()?
-        .iter()
-        .chain(finished.counters.iter())
-        .map(|(tid, c)| (*tid, CounterTotals::from(c)))
-        .collect();
-    let cuda: BTreeMap<u32, CudaTotals> = w
-        .cuda_at_end
-        .iter()
-        .chain(finished.cuda.iter())
-        .map(|(tid, c)| (*tid, CudaTotals::from(c)))
-        .collect();
-    let kernel_preemptors = probes.preemptors()?;
+    let Kernel {
+        threads: kernel,
+        counters,
+        cuda,
+        preemptors: kernel_preemptors,
+        migrations,
+        wakers,
+        losses,
+        forked,
+    } = k;
     let ids = kernel_preemptors
         .iter()
         .map(|p| p.cgroup_id)
@@ -173,8 +220,7 @@ pub fn recording(
             target.host_tid(ppid)
         },
     );
-    let migration_routes = probes
-        .migrations()?
+    let migration_routes = migrations
         .into_iter()
         .map(|(k, count)| MigrationRoute {
             tid: k.tid,
@@ -183,7 +229,6 @@ pub fn recording(
             count,
         })
         .collect();
-    let wakers = crate::recording::wakers::with_runs(probes.wakers()?, &kernel);
     let final_names = final_names(targets, &kernel);
     let inputs = ThreadInputs {
         kernel,
@@ -196,7 +241,6 @@ pub fn recording(
         end_counts: w.proc_counts.end.clone(),
     };
     let threads = assemble_threads(inputs, w.start, w.end);
-    let forked = forked(probes)?;
     let mut cgroups = w.cgroups.into_iter();
     let mut rec = Recording {
         tracer_version: env!("CARGO_PKG_VERSION").into(),

@@ -2,23 +2,25 @@
 //! too, when asked) until the window ends (duration, Ctrl-C / SIGTERM, or the target's exit),
 //! detach, and assemble the recording.
 
-use std::{os::fd::OwnedFd, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, os::fd::OwnedFd, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::{
     io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
 };
 mod assemble;
 mod cgroups;
+mod wait;
+mod windows;
+
+pub use windows::{CUT_LAG, Finished};
 
 use crate::{
     recording::{
-        Capability, CgroupRecording, EndReason, Recording, TracerCost,
-        collect::Collector,
-        counters::slot_name,
-        records::{Record, encode, split},
+        Capability, EndReason, HostMeta, ProcCounts, Recording, ThreadInfo, cgroup::CgroupSample,
+        children::ChildSnapshot, collect::Collector, counters::slot_name,
     },
     sources::{
         cgroup::ThrottleSet,
@@ -97,6 +99,64 @@ fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
     bar
 }
 
+/// A recording in progress: everything attached, the window (or, watching, the run) open.
+pub struct Session<'o> {
+    opts: &'o SessionOptions,
+    /// The members at the start, less those that exited before it.
+    targets: Targets,
+    probes: SchedProbes,
+    writer: Option<TraceWriter>,
+    /// Held open: the programs read the counters through its descriptors.
+    _perf: PerfSet,
+    sampler: Result<GpuSampler, Capability>,
+    throttle: ThrottleSet,
+    /// Each cgroup's samples since the last window was cut.
+    throttling: Vec<Vec<CgroupSample>>,
+    exit_fd: Option<AsyncFd<OwnedFd>>,
+    interrupt: Signal,
+    terminate: Signal,
+    /// SIGHUP, SIGUSR1 and other triggers, handled only where a caller asked (`tracer
+    /// watch`).
+    hangup: Option<Signal>,
+    user1: Option<Signal>,
+    trigger: Option<tokio::sync::mpsc::UnboundedReceiver<()>>,
+    host: HostMeta,
+    start: u64,
+    cpu_at_start: u64,
+    /// The threads /proc listed just after attaching.
+    initial: BTreeMap<u32, ThreadInfo>,
+    /// The /proc side at the start of the current window: the threads' own counts, steal
+    /// time, the untraced children.
+    counts: (
+        BTreeMap<u32, ProcCounts>,
+        u64,
+        Vec<(u32, u64)>,
+        Vec<ChildSnapshot>,
+    ),
+    /// The timeline data of the current window, and of the one being cut (records still
+    /// arriving from other CPUs' batches go to the window their time falls in).
+    col: Collector,
+    closing: Option<windows::Closing>,
+    finished: Reaped,
+    target_exited_ns: Option<u64>,
+    ticks: u64,
+    cgroup_watch: Option<cgroups::CgroupWatch>,
+    gpu_members: Members,
+    bar: ProgressBar,
+    windows: windows::Windows,
+}
+
+/// What woke `Session::wait`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    Deadline,
+    Interrupted,
+    TargetExited,
+    Hangup,
+    /// SIGUSR1, or a trigger sent to the channel given to `handle_signals`.
+    Trigger,
+}
+
 /// Records the processes of `targets`. `attached` runs once every probe is attached (`tracer
 /// run` releases its child there).
 pub async fn record(
@@ -104,324 +164,220 @@ pub async fn record(
     opts: &SessionOptions,
     attached: impl FnOnce() -> Result<()>,
 ) -> Result<Recording> {
-    privileges::check()?;
-    // The first process given names the recording; every source covers every member: the
-    // CUDA and marker uprobes (on each distinct library file), NVML's processes, and the
-    // throttling of each distinct cgroup.
-    let target = targets.primary();
-    // Open the output first: a path that cannot be written fails before anything is traced.
-    let mut writer = opts
-        .output
-        .as_deref()
-        .map(TraceWriter::create)
-        .transpose()?;
-    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-    let perf = PerfSet::open(opts.counters, &cpus);
-    // The kernel side sends every state change only when something reads them: the kept
-    // timeline or a trace file. Decided here, from the options that need them, so that no
-    // caller can keep a timeline the probes do not feed.
-    let timeline = opts.keep_timeline || opts.output.is_some();
-    let mut probes = SchedProbes::load(
-        &targets.tgids(),
-        targets.follow,
-        &opts.probes,
-        &perf,
-        timeline,
-    )?;
-    // NVML numbers processes as this tool's namespace does; the forked ones join as the
-    // kernel side reports them (below, once a second).
-    let gpu_members = Members::new(targets.members.iter().map(|t| t.proc_pid));
-
-    let sampler = match &opts.gpu {
-        Some(g) => GpuSampler::start(
-            gpu_members.clone(),
-            GpuOptions {
-                select: g.select.clone(),
-                interval: g.interval,
-            },
-        ),
-        None => Err(Capability {
-            available: false,
-            reason: "GPU sampling turned off (--no-gpu)".into(),
-        }),
-    };
-    let throttle = ThrottleSet::new(
-        &targets
-            .members
-            .iter()
-            .map(|t| (t.proc_pid, t.pid))
-            .collect::<Vec<_>>(),
-    );
-    let exit_fd = exit_watch(target);
-    let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let host = host::host_meta(&cpus);
-
-    // The CUDA probes first: attaching them takes a while with a large libcuda, and they
-    // only account CUDA calls, which the window's edges do not cut.
-    // /proc paths and uprobe PIDs are this tool's namespace's; the programs filter on the
-    // kernel's TGID, set at load.
-    let proc_pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
-    probes.attach_cuda(&proc_pids)?;
-    probes.attach_gc(
-        &targets
-            .members
-            .iter()
-            .map(|t| (t.proc_pid, t.pid))
-            .collect::<Vec<_>>(),
-    );
-    if let Some(m) = &opts.probes.markers {
-        probes.attach_markers(&proc_pids, m)?;
-    }
-    // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already stand
-    // for another process, which the programs (filtering on the number) must not record. A
-    // process given is then an error; a descendant that exited meanwhile (a shell's short
-    // command) leaves the set.
-    if let Some(t) = targets.members[..targets.given].iter().find(|t| t.gone()) {
-        anyhow::bail!(
-            "PID {} ({}) exited before the recording started",
-            t.pid,
-            crate::recording::printable(&t.comm)
-        );
-    }
-    let gone: Vec<u32> = targets.members[targets.given..]
-        .iter()
-        .filter(|t| t.gone())
-        .map(|t| t.pid)
-        .collect();
-    probes.remove_targets(&gone)?;
-    let mut cgroup_watch = match &targets.cgroup {
-        Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
-        None => None,
-    };
-    let targets = &targets.without(&gone);
-    let start = monotonic_ns();
-    let cpu_at_start = process::own_usage().0;
-    probes.attach(|| {
-        targets
-            .threads()
-            .into_values()
-            .map(|t| (t.tid, t.pid))
-            .collect()
-    })?;
-    // The threads' own counts, as near the window's start as can be: the self-check
-    // compares the recording with what they add up to over the window.
-    let (counts_start, left_out) = targets.thread_counts(SELF_CHECK_THREADS);
-    let steal_start = process::cpu_steal();
-    let children_start = targets.children();
-    // Listed after attaching: a thread created since is seen by the probes, so none is missed.
-    let initial = targets.threads();
-    let bin_ns = opts.bin.as_nanos() as u64;
-    if let Some(w) = writer.as_mut() {
-        w.meta(&TraceMeta {
-            tracer_version: env!("CARGO_PKG_VERSION").into(),
-            target: assemble::target_meta(target),
-            host: host.clone(),
-            probe_mode: probes.mode(),
-            start_ns: start,
-            bin_ns,
-            counter_mask: probes.counter_mask,
-            threads: initial.clone(),
-            pid_namespace: target
-                .pidns
-                .as_ref()
-                .map(|ns| crate::recording::PidNamespaceIds {
-                    inode: ns.inode,
-                    ids: ns.table(),
-                }),
-        });
-    }
-    if opts.notices {
-        notices(targets, opts, &probes, &perf, &sampler, initial.len());
-        if let Some(w) = &writer {
-            eprintln!("tracer: writing {}", w.temp().display());
-        }
-    }
-    attached()?;
-
-    let bar = progress_bar(opts, target.pid);
+    let mut session = Session::open(targets, opts, attached)?;
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut tick = tokio::time::interval(TICK);
-    let mut col = Collector::new(start, bin_ns, opts.keep_timeline);
-    let mut finished = Reaped::default();
-    let mut throttling: Vec<Vec<_>> = vec![Vec::new(); throttle.0.len()];
-    let mut target_exited_ns = None;
-    let mut ticks = 0u64;
     let end_reason = loop {
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        let exited = async {
-            match &exit_fd {
-                Some(fd) => drop(fd.readable().await),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            guard = probes.events().readable_mut() => {
-                let mut guard = guard.context("waiting on the ring buffer")?;
-                guard.clear_ready();
-                drop(guard);
-                drain(&mut probes, &mut col, &mut writer);
-            }
-            _ = tick.tick() => {
-                drain(&mut probes, &mut col, &mut writer);
-                finished.extend(probes.reap_dead()?);
-                ticks += 1;
-                if ticks.is_multiple_of(10) {
-                    members_joined(&mut probes, targets, &mut cgroup_watch, &gpu_members)?;
-                }
-                let now = monotonic_ns();
-                for (i, (t, _)) in throttle.0.iter().enumerate() {
-                    let Some(s) = t.sample(now) else { continue };
-                    // The first member's cgroup is streamed for recovery.
-                    if let (0, Some(w)) = (i, writer.as_mut()) {
-                        w.cgroup(s.clone());
-                    }
-                    throttling[i].push(s);
-                }
-                if let (Ok(g), Some(w)) = (&sampler, writer.as_mut()) {
-                    let polls: Vec<_> = g.polls.try_iter().collect();
-                    w.gpu_polls(&polls);
-                }
-                if let Some(w) = writer.as_mut() {
-                    w.maybe_flush();
-                }
-                progress(&bar, opts, col.records, &probes);
-            }
-            _ = sleep => break EndReason::Duration,
-            _ = interrupt.recv() => break EndReason::Interrupted,
-            _ = terminate.recv() => break EndReason::Interrupted,
-            _ = exited => {
-                target_exited_ns = Some(monotonic_ns());
-                break EndReason::TargetExited;
-            }
+        match session.wait(deadline).await? {
+            Wake::Deadline => break EndReason::Duration,
+            Wake::Interrupted => break EndReason::Interrupted,
+            Wake::TargetExited => break EndReason::TargetExited,
+            // Not handled without a caller that asked.
+            Wake::Hangup | Wake::Trigger => {}
         }
     };
-    bar.finish_and_clear();
-    // The window is closed: from here a signal ends the tool at once (signals.rs).
-    crate::signals::exit_on_interrupt(&match &writer {
-        Some(w) => format!(
-            "the partial trace is in {} (`tracer report` reads it)",
-            w.temp().display()
-        ),
-        None => "no summary was printed".into(),
-    });
+    session.finish(end_reason).await.map(|f| f.last)
+}
 
-    probes.detach_sched();
-    let end = monotonic_ns();
-    let (counts_end, _) = targets.thread_counts(SELF_CHECK_THREADS);
-    let steal_end = process::cpu_steal();
-    let children_end = targets.children();
-    // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
-    let cuda_at_end = probes.cuda_threads()?;
-    probes.detach_uprobes();
-    // Nothing more arrives once detached: take all that is left in the ring buffer, then the
-    // records each CPU had not sent yet. A program that started before the detach may still
-    // be running on another CPU (for microseconds; longer only if the hypervisor stops that
-    // vCPU): give it time to finish its batch.
-    tokio::time::sleep(DETACH_GRACE).await;
-    while drain(&mut probes, &mut col, &mut writer) > 0 {}
-    for batch in probes.unsent_batches()? {
-        for r in split(&batch) {
-            take(r, &mut col, &mut writer);
+impl<'o> Session<'o> {
+    /// Loads and attaches every source to `targets`, and opens the window.
+    pub fn open(
+        targets: &Targets,
+        opts: &'o SessionOptions,
+        attached: impl FnOnce() -> Result<()>,
+    ) -> Result<Self> {
+        privileges::check()?;
+        // The first process given names the recording; every source covers every member: the
+        // CUDA and marker uprobes (on each distinct library file), NVML's processes, and the
+        // throttling of each distinct cgroup.
+        let target = targets.primary();
+        // Open the output first: a path that cannot be written fails before anything is traced.
+        let mut writer = opts
+            .output
+            .as_deref()
+            .map(TraceWriter::create)
+            .transpose()?;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+        let perf = PerfSet::open(opts.counters, &cpus);
+        // The kernel side sends every state change only when something reads them: the kept
+        // timeline or a trace file. Decided here, from the options that need them, so that no
+        // caller can keep a timeline the probes do not feed.
+        let timeline = opts.keep_timeline || opts.output.is_some();
+        let mut probes = SchedProbes::load(
+            &targets.tgids(),
+            targets.follow,
+            &opts.probes,
+            &perf,
+            timeline,
+        )?;
+        // NVML numbers processes as this tool's namespace does; the forked ones join as the
+        // kernel side reports them (below, once a second).
+        let gpu_members = Members::new(targets.members.iter().map(|t| t.proc_pid));
+        let sampler = match &opts.gpu {
+            Some(g) => GpuSampler::start(
+                gpu_members.clone(),
+                GpuOptions {
+                    select: g.select.clone(),
+                    interval: g.interval,
+                },
+            ),
+            None => Err(Capability {
+                available: false,
+                reason: "GPU sampling turned off (--no-gpu)".into(),
+            }),
+        };
+        let pid_pairs: Vec<(u32, u32)> = targets
+            .members
+            .iter()
+            .map(|t| (t.proc_pid, t.pid))
+            .collect();
+        let throttle = ThrottleSet::new(&pid_pairs);
+        let exit_fd = exit_watch(target);
+        let interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let host = host::host_meta(&cpus);
+
+        // The CUDA probes first: attaching them takes a while with a large libcuda, and they
+        // only account CUDA calls, which the window's edges do not cut.
+        // /proc paths and uprobe PIDs are this tool's namespace's; the programs filter on the
+        // kernel's TGID, set at load.
+        let proc_pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
+        probes.attach_cuda(&proc_pids)?;
+        probes.attach_gc(&pid_pairs);
+        if let Some(m) = &opts.probes.markers {
+            probes.attach_markers(&proc_pids, m)?;
         }
-    }
-    for (i, (t, _)) in throttle.0.iter().enumerate() {
-        throttling[i].extend(t.sample(end));
-    }
-    drop(perf);
-    let (gpu, gpu_capability) = match sampler {
-        Ok(s) => {
-            let cap = s.capability.clone();
-            (Some(s.finish()), cap)
+        // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already
+        // stand for another process, which the programs (filtering on the number) must not
+        // record. A process given is then an error; a descendant that exited meanwhile (a
+        // shell's short command) leaves the set.
+        if let Some(t) = targets.members[..targets.given].iter().find(|t| t.gone()) {
+            anyhow::bail!(
+                "PID {} ({}) exited before the recording started",
+                t.pid,
+                crate::recording::printable(&t.comm)
+            );
         }
-        Err(cap) => (None, cap),
-    };
-    let ended = assemble::Ended {
-        start,
-        end,
-        end_reason,
-        target_exited_ns,
-        initial,
-        cuda_at_end,
-        finished,
-        gpu,
-        gpu_capability,
-        cgroups: throttle
-            .0
-            .into_iter()
-            .zip(throttling)
-            .map(|((t, pids), samples)| CgroupRecording {
-                cgroup: t.cgroup,
-                samples,
-                pids,
-            })
-            .collect(),
-        host,
-        proc_counts: crate::recording::ProcWindow {
-            start: counts_start,
-            end: counts_end,
+        let gone: Vec<u32> = targets.members[targets.given..]
+            .iter()
+            .filter(|t| t.gone())
+            .map(|t| t.pid)
+            .collect();
+        probes.remove_targets(&gone)?;
+        let cgroup_watch = match &targets.cgroup {
+            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
+            None => None,
+        };
+        let targets = targets.without(&gone);
+        let start = monotonic_ns();
+        let cpu_at_start = process::own_usage().0;
+        probes.attach(|| {
+            targets
+                .threads()
+                .into_values()
+                .map(|t| (t.tid, t.pid))
+                .collect()
+        })?;
+        // The threads' own counts, as near the window's start as can be: the self-check
+        // compares the recording with what they add up to over the window.
+        let (counts_start, left_out) = targets.thread_counts(SELF_CHECK_THREADS);
+        let counts = (
+            counts_start,
             left_out,
-            steal_start,
-            steal_end,
-        },
-        children: (children_start, children_end),
-    };
-    let mut rec = assemble::recording(targets, &mut probes, col, ended)?;
-    let (cpu, rss) = process::own_usage();
-    rec.tracer_cost = Some(TracerCost {
-        cpu_ns: cpu - cpu_at_start,
-        cpu_share: (cpu - cpu_at_start) as f64 / (end - start).max(1) as f64,
-        peak_rss_bytes: rss,
-    });
-    if let Some(w) = writer {
-        // A signal from here until the message below says the file is complete waits (the
-        // file renamed into place while the message still named the temporary one told a
-        // user who interrupted then that the complete trace was partial).
-        let _held = crate::signals::Deferred::new();
-        // A file that cannot be finished (full disk) must not cost the recording: it is still
-        // reported, and the command fails after.
-        match w.finish(&rec) {
-            Ok(path) => {
-                crate::signals::exit_on_interrupt(&format!(
-                    "the trace file {} is complete (`tracer report` reads it)",
-                    path.display()
-                ));
-                if opts.notices {
-                    eprintln!("tracer: trace written to {}", path.display());
-                }
-            }
-            Err(e) => rec.output_error = Some(format!("{e:#}")),
+            process::cpu_steal(),
+            targets.children(),
+        );
+        // Listed after attaching: a thread created since is seen by the probes, so none is
+        // missed.
+        let initial = targets.threads();
+        let bin_ns = opts.bin.as_nanos() as u64;
+        if let Some(w) = writer.as_mut() {
+            w.meta(&TraceMeta {
+                tracer_version: env!("CARGO_PKG_VERSION").into(),
+                target: assemble::target_meta(target),
+                host: host.clone(),
+                probe_mode: probes.mode(),
+                start_ns: start,
+                bin_ns,
+                counter_mask: probes.counter_mask,
+                threads: initial.clone(),
+                pid_namespace: target
+                    .pidns
+                    .as_ref()
+                    .map(|ns| crate::recording::PidNamespaceIds {
+                        inode: ns.inode,
+                        ids: ns.table(),
+                    }),
+            });
         }
+        if opts.notices {
+            notices(&targets, opts, &probes, &perf, &sampler, initial.len());
+            if let Some(w) = &writer {
+                eprintln!("tracer: writing {}", w.temp().display());
+            }
+        }
+        attached()?;
+        let bar = progress_bar(opts, target.pid);
+        let throttling = vec![Vec::new(); throttle.0.len()];
+        let whole_run = writer.is_some();
+        Ok(Self {
+            opts,
+            targets,
+            probes,
+            writer,
+            _perf: perf,
+            sampler,
+            throttle,
+            throttling,
+            exit_fd,
+            interrupt,
+            terminate,
+            hangup: None,
+            user1: None,
+            trigger: None,
+            host,
+            start,
+            cpu_at_start,
+            initial,
+            counts,
+            col: Collector::new(start, bin_ns, opts.keep_timeline),
+            closing: None,
+            finished: Reaped::default(),
+            target_exited_ns: None,
+            ticks: 0,
+            cgroup_watch,
+            gpu_members,
+            bar,
+            windows: windows::Windows::new(start, cpu_at_start, whole_run),
+        })
     }
-    Ok(rec)
-}
 
-/// Takes every record in the ring buffer to the collector and, when writing a trace, to the
-/// file.
-fn drain(probes: &mut SchedProbes, col: &mut Collector, writer: &mut Option<TraceWriter>) -> usize {
-    probes.drain(|r| take(r, col, writer))
-}
-
-fn take(r: Record, col: &mut Collector, writer: &mut Option<TraceWriter>) {
-    if let Some(w) = writer.as_mut() {
-        w.record(encode(&r));
+    /// Handles SIGHUP and SIGUSR1 from now on, and the triggers sent to `trigger`: `wait`
+    /// returns when one comes.
+    pub fn handle_signals(
+        &mut self,
+        trigger: tokio::sync::mpsc::UnboundedReceiver<()>,
+    ) -> Result<()> {
+        self.hangup = Some(signal(SignalKind::hangup()).context("SIGHUP handler")?);
+        self.user1 = Some(signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?);
+        self.trigger = Some(trigger);
+        Ok(())
     }
-    col.on_record(r);
-}
 
-fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &SchedProbes) {
-    if let Some(d) = opts.duration {
-        bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
-    } else {
-        bar.tick();
+    /// The first process's exit does not end the recording (`--cgroup` alone: the service's
+    /// processes come and go).
+    pub fn ignore_target_exit(&mut self) {
+        self.exit_fd = None;
     }
-    let dropped = probes.losses().map(|l| l.ringbuf_dropped).unwrap_or(0);
-    bar.set_message(format!("{records} events, {dropped} dropped"));
+
+    /// The target set as it was at the start.
+    pub fn targets(&self) -> &Targets {
+        &self.targets
+    }
+
+    /// When the run began (CLOCK_MONOTONIC).
+    pub fn start_ns(&self) -> u64 {
+        self.start
+    }
 }
 
 fn notices(

@@ -87,6 +87,8 @@ pub struct GpuSampler {
     pub capability: Capability,
     /// Each poll as it is made, for the trace file.
     pub polls: mpsc::Receiver<GpuPoll>,
+    /// Asks the thread for what it sampled since the last cut (`cut`).
+    cuts: mpsc::Sender<mpsc::Sender<GpuRecording>>,
 }
 
 impl GpuSampler {
@@ -96,10 +98,15 @@ impl GpuSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let (poll_tx, poll_rx) = mpsc::channel();
+        let (cut_tx, cut_rx) = mpsc::channel();
         let flag = Arc::clone(&stop);
+        let control = Control {
+            stop: flag,
+            cuts: cut_rx,
+        };
         let handle = std::thread::Builder::new()
             .name("tracer-nvml".into())
-            .spawn(move || sampler_thread(members, opts, flag, ready_tx, poll_tx))
+            .spawn(move || sampler_thread(members, opts, control, ready_tx, poll_tx))
             .map_err(|e| Capability {
                 available: false,
                 reason: format!("could not start the NVML sampler thread: {e}"),
@@ -113,6 +120,7 @@ impl GpuSampler {
                     reason,
                 },
                 polls: poll_rx,
+                cuts: cut_tx,
             }),
             other => {
                 let reason = match other {
@@ -126,6 +134,16 @@ impl GpuSampler {
                 })
             }
         }
+    }
+
+    /// What was sampled since the last cut (or the start), ending with a poll made now; the
+    /// sampling goes on. One window of `tracer watch`: the thread keeps nothing older.
+    pub fn cut(&self) -> GpuRecording {
+        let (tx, rx) = mpsc::channel();
+        if self.cuts.send(tx).is_err() {
+            return GpuRecording::default();
+        }
+        rx.recv().unwrap_or_default()
     }
 
     /// Stops sampling and returns what was recorded.
@@ -441,10 +459,82 @@ const SLOW_EVERY: Duration = Duration::from_secs(1);
 /// PCIe throughput: each call measures for 20 ms (wall time, not CPU).
 const PCIE_EVERY: Duration = Duration::from_secs(5);
 
+/// How the session steers the sampler thread.
+struct Control {
+    stop: Arc<AtomicBool>,
+    cuts: mpsc::Receiver<mpsc::Sender<GpuRecording>>,
+}
+
+/// What stays the same from one cut to the next.
+struct Fixed {
+    devices: Vec<GpuDevice>,
+    selection: String,
+    interval_ns: u64,
+    clock: ClockAlignment,
+    driver_version: Option<String>,
+}
+
+/// What was sampled since the last cut, with one last poll for the samples the driver
+/// buffered since; the buffers are left empty.
+fn take_recording(
+    nvml: &Nvml,
+    states: &mut [DeviceState],
+    polls: &mut Vec<GpuPoll>,
+    members: &BTreeSet<u32>,
+    costs: &mut Costs,
+    fixed: &Fixed,
+) -> GpuRecording {
+    let last = Extras {
+        slow: true,
+        pcie: false,
+    };
+    for st in states.iter_mut() {
+        polls.push(poll(nvml, st, members, last, costs));
+    }
+    let mut util_samples: Vec<UtilSample> = Vec::new();
+    for st in states.iter_mut() {
+        let idx = st.info.index;
+        for (kind, samples) in [
+            (UtilKind::Gpu, std::mem::take(&mut st.util)),
+            (UtilKind::Memory, std::mem::take(&mut st.mem)),
+        ] {
+            util_samples.extend(intervals(idx, kind, 0, samples, &fixed.clock));
+        }
+        for (kind, per) in [
+            (UtilKind::ProcessSm, std::mem::take(&mut st.proc_sm)),
+            (UtilKind::ProcessMemory, std::mem::take(&mut st.proc_mem)),
+        ] {
+            for (pid, samples) in per {
+                util_samples.extend(intervals(idx, kind, pid, samples, &fixed.clock));
+            }
+        }
+    }
+    let taken = std::mem::take(polls);
+    // The next stretch starts from this one's last poll of each device, so that what a
+    // running counter (violation time) did between the two polls is in one of them.
+    for st in states.iter() {
+        if let Some(p) = taken.iter().rev().find(|p| p.device == st.info.index) {
+            polls.push(p.clone());
+        }
+    }
+    GpuRecording {
+        devices: fixed.devices.clone(),
+        selection: fixed.selection.clone(),
+        interval_ns: fixed.interval_ns,
+        clock: fixed.clock.clone(),
+        polls: taken,
+        util_samples,
+        sampler_cpu_ns: 0,
+        sampler_calls: std::mem::take(&mut costs.0).into_values().collect(),
+        gpm: fixed.devices.iter().any(|g| g.gpm_supported),
+        driver_version: fixed.driver_version.clone(),
+    }
+}
+
 fn sampler_thread(
     shared: Members,
     opts: GpuOptions,
-    stop: Arc<AtomicBool>,
+    control: Control,
     ready: mpsc::Sender<Result<String, String>>,
     stream: mpsc::Sender<GpuPoll>,
 ) -> GpuRecording {
@@ -509,7 +599,23 @@ fn sampler_thread(
         }
         yes
     };
-    while !stop.load(Ordering::Relaxed) {
+    let fixed = Fixed {
+        devices: devices.clone(),
+        selection,
+        interval_ns: opts.interval.as_nanos() as u64,
+        clock,
+        driver_version: nvml.sys_driver_version().ok(),
+    };
+    // The thread's CPU time as of the last cut: each cut reports its own.
+    let mut cpu_mark = cpu0;
+    let mut cut = |states: &mut [DeviceState], polls: &mut Vec<GpuPoll>, costs: &mut Costs| {
+        let mut r = take_recording(&nvml, states, polls, &shared.get(), costs, &fixed);
+        let now = thread_cpu_ns();
+        r.sampler_cpu_ns = now - cpu_mark;
+        cpu_mark = now;
+        r
+    };
+    while !control.stop.load(Ordering::Relaxed) {
         let now = monotonic_ns();
         let extras = Extras {
             slow: due(&mut last_slow, SLOW_EVERY, now),
@@ -518,49 +624,21 @@ fn sampler_thread(
         let members = shared.get();
         for st in states.iter_mut() {
             let p = poll(&nvml, st, &members, extras, &mut costs);
+            // The session drains the stream every tick, into the trace file if one is written.
             let _ = stream.send(p.clone());
             polls.push(p);
         }
-        std::thread::sleep(opts.interval);
-    }
-    // One last poll for the samples the driver buffered since.
-    let last = Extras {
-        slow: true,
-        pcie: false,
-    };
-    for st in states.iter_mut() {
-        polls.push(poll(&nvml, st, &shared.get(), last, &mut costs));
-    }
-    let mut util_samples: Vec<UtilSample> = Vec::new();
-    for st in states.iter_mut() {
-        let idx = st.info.index;
-        for (kind, samples) in [
-            (UtilKind::Gpu, std::mem::take(&mut st.util)),
-            (UtilKind::Memory, std::mem::take(&mut st.mem)),
-        ] {
-            util_samples.extend(intervals(idx, kind, 0, samples, &clock));
-        }
-        for (kind, per) in [
-            (UtilKind::ProcessSm, std::mem::take(&mut st.proc_sm)),
-            (UtilKind::ProcessMemory, std::mem::take(&mut st.proc_mem)),
-        ] {
-            for (pid, samples) in per {
-                util_samples.extend(intervals(idx, kind, pid, samples, &clock));
+        // The interval, or a cut asked for meanwhile (answered at once).
+        match control.cuts.recv_timeout(opts.interval) {
+            Ok(reply) => {
+                let _ = reply.send(cut(&mut states, &mut polls, &mut costs));
             }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // The sampler was dropped: stop.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    let gpm = devices.iter().any(|g| g.gpm_supported);
+    let r = cut(&mut states, &mut polls, &mut costs);
     drop(states);
-    GpuRecording {
-        devices,
-        selection,
-        interval_ns: opts.interval.as_nanos() as u64,
-        clock,
-        polls,
-        util_samples,
-        sampler_cpu_ns: thread_cpu_ns() - cpu0,
-        sampler_calls: costs.0.into_values().collect(),
-        gpm,
-        driver_version: nvml.sys_driver_version().ok(),
-    }
+    r
 }

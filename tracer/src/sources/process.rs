@@ -405,6 +405,16 @@ pub fn descendants(pid: u32) -> Vec<(u32, u32, String, u64)> {
 }
 
 /// This process's CPU time (user + system, every thread) and peak resident set, in bytes.
+/// This process's resident memory now (/proc/self/statm), bytes.
+pub fn own_rss() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
+}
+
 pub fn own_usage() -> (u64, u64) {
     // SAFETY: getrusage fills the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

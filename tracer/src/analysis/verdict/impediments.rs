@@ -184,6 +184,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     lost.into_iter()
         .map(|l| Cause {
             share: l.ns / total,
+            attributed_ns: l.ns,
             ..l.cause
         })
         .collect()

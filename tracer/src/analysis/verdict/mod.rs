@@ -31,6 +31,9 @@ fn ranked(mut causes: Vec<Cause>, min_share: f64) -> Vec<Cause> {
 pub fn judge(s: &Summary) -> Verdict {
     let not_assessed = not_assessed(s);
     let window = impediments::causes(s);
+    // The time behind the shares: the impediments' own (`impediments::causes` keeps it), or
+    // for the tail its share of the tail's excess, summed over the tail requests.
+    let lost_total: f64 = window.iter().map(|c| c.attributed_ns).sum();
     let bound = impediments::bound(s);
     let reqs = s.requests.as_ref();
     let (basis, causes) = match reqs {
@@ -41,10 +44,15 @@ pub fn judge(s: &Summary) -> Verdict {
         // Each impediment rule applies its own threshold; the shares only rank them.
         _ => (Basis::LostTime, ranked(window, 0.0)),
     };
+    let tail_excess = reqs.map_or(0.0, |r| r.excess_ns.max(0.0) * r.tail.requests as f64);
     let causes: Vec<Cause> = causes
         .into_iter()
         .map(|c| Cause {
             acts_in: placement::place(s, &c.mechanism, basis == Basis::TailExcess),
+            attributed_ns: match basis {
+                Basis::TailExcess => c.share * tail_excess,
+                Basis::LostTime => c.share * lost_total,
+            },
             ..c
         })
         .collect();

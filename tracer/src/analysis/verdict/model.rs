@@ -28,6 +28,10 @@ pub struct Cause {
     pub evidence: String,
     /// The member of the target set it acts in (set once the causes are ranked).
     pub acts_in: Option<ActsIn>,
+    /// The time it took, ns (set once the causes are ranked): over the window, the threads'
+    /// time lost to it; for the tail, its share of the tail requests' excess over the median,
+    /// added up over them. What `tracer watch` exports as `tracer_attributed_seconds_total`.
+    pub attributed_ns: f64,
 }
 
 impl Cause {
@@ -37,6 +41,7 @@ impl Cause {
             share,
             evidence,
             acts_in: None,
+            attributed_ns: 0.0,
         }
     }
 
@@ -68,6 +73,9 @@ struct CauseDoc<'a> {
     /// The process of the target set whose threads bore most of it: the member to look at,
     /// whichever PID was given.
     acts_in: Option<&'a ActsIn>,
+    /// The time it took, ns: over the window, the threads' time lost to it; for the tail,
+    /// its share of the tail requests' excess over the median, summed over them.
+    attributed_ns: f64,
     /// What to do about it.
     advice: String,
 }
@@ -81,6 +89,7 @@ impl<'a> From<&'a Cause> for CauseDoc<'a> {
             share: c.share,
             evidence: &c.evidence,
             acts_in: c.acts_in.as_ref(),
+            attributed_ns: c.attributed_ns,
             advice: c.mechanism.advice(),
         }
     }

@@ -5,10 +5,8 @@ use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot, WAIT_CODE_SH
 
 use super::*;
 use crate::{
-    analysis::{
-        analyze,
-        testutil::{recording, thread},
-    },
+    analysis::analyze,
+    recording::testutil::{recording, thread},
     recording::{
         CgroupRecording, CudaSpan, CudaTotals, PreemptorRecord, Recording,
         cgroup::{CgroupSample, CgroupVersion, CpuCgroup, Throttling},

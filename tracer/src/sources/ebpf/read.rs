@@ -164,6 +164,7 @@ impl SchedProbes {
             clock_error_ns: sums[8],
             child_map_full: sums[9],
             waker_map_full: sums[10],
+            late_records: 0,
         })
     }
 }

@@ -61,15 +61,17 @@ impl ThreadSlots {
         unsafe { self.base.as_ptr().add(i) }
     }
 
-    /// Copies of the slots in use (the kernel may be updating them meanwhile, as with a map
-    /// lookup).
+    /// Copies of the slots in use. While the programs run (`tracer watch` reads them at every
+    /// window) the kernel may be updating a slot as it is copied; a copy is taken until two
+    /// in a row agree (a few tries), so that a thread's account is not half before and half
+    /// after one event.
     pub fn used(&self) -> Vec<ThreadStats> {
         (0..self.count)
             .filter_map(|i| {
                 let p = self.slot(i);
                 // SAFETY: p is inside the mapping; volatile, since the kernel writes it.
                 let tid = unsafe { std::ptr::read_volatile(&raw const (*p).tid) };
-                (tid != 0).then(|| unsafe { std::ptr::read_volatile(p) })
+                (tid != 0).then(|| settled(p))
             })
             .collect()
     }
@@ -99,6 +101,32 @@ impl ThreadSlots {
             })
             .collect()
     }
+}
+
+fn bytes(t: &ThreadStats) -> &[u8] {
+    // SAFETY: ThreadStats is plain old data with explicit padding (tracer-common), so every
+    // byte of it is initialized.
+    unsafe {
+        std::slice::from_raw_parts(
+            (t as *const ThreadStats).cast::<u8>(),
+            size_of::<ThreadStats>(),
+        )
+    }
+}
+
+/// A copy of `*p` that two consecutive reads agree on (at most four reads).
+fn settled(p: *mut ThreadStats) -> ThreadStats {
+    // SAFETY: callers pass a pointer inside the mapping; volatile, since the kernel writes it.
+    let mut last = unsafe { std::ptr::read_volatile(p) };
+    for _ in 0..3 {
+        // SAFETY: as above.
+        let again = unsafe { std::ptr::read_volatile(p) };
+        if bytes(&again) == bytes(&last) {
+            return again;
+        }
+        last = again;
+    }
+    last
 }
 
 impl Drop for ThreadSlots {

@@ -1,0 +1,229 @@
+//! `tracer watch`: the programs stay attached and a window closes every interval, each with
+//! its own verdict (a line, or a JSON document per line), the Prometheus series, and the
+//! flight recorder's triggers. The windows' accounts are what the kernel's running totals
+//! moved by (`recording::window`), so they add up to the whole run.
+
+mod out;
+mod serve;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use super::{
+    args::{RecordArgs, TargetArgs},
+    emit::load_latencies,
+};
+use crate::{
+    analysis::{Report, analyze},
+    recording::{EndReason, Recording, printable},
+    render::prometheus::Metrics,
+    session::{CUT_LAG, Session, SessionOptions, Wake, runtime},
+    sources::{process, targets::Targets},
+};
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Close a window every INTERVAL (at least 1s), each with its own verdict.
+    #[arg(long, short, default_value = "10s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Stop after N windows (default: until Ctrl-C, SIGTERM, or the process given exits).
+    #[arg(long, short, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Serve the series at http://ADDR/metrics for Prometheus (docs/METRICS.md), e.g.
+    /// 127.0.0.1:9464; `POST /trigger` there triggers the flight recorder.
+    #[arg(long, value_name = "ADDR")]
+    pub prometheus: Option<SocketAddr>,
+    /// Append the window lines (or JSON lines) to FILE instead of standard output; SIGHUP
+    /// reopens it (log rotation).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = crate::units::parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err("must be at least 1s (a window needs time to say anything)".into());
+    }
+    Ok(d)
+}
+
+pub fn run(args: WatchArgs) -> Result<()> {
+    if args.record.outputs.need_timeline() {
+        bail!(
+            "--html and --perfetto draw one recording: give -o FILE to keep the run, then \
+             `tracer report FILE --html PAGE`"
+        );
+    }
+    args.record.check_inputs_and_outputs(false)?;
+    if let Some(p) = &args.log {
+        out::check(p)?;
+    }
+    let targets = args.target.resolve(&args.record)?;
+    let mut opts = args.record.session_options(None);
+    opts.progress = false;
+    runtime()?.block_on(watch(&args, &targets, &opts))
+}
+
+/// What every window goes to.
+struct Sinks {
+    out: out::Out,
+    json: bool,
+    latencies: Option<PathBuf>,
+    metrics: Arc<Metrics>,
+    windows: u64,
+}
+
+impl Sinks {
+    fn window(&mut self, mut rec: Recording) -> Result<()> {
+        if let Some(p) = &self.latencies
+            && let Err(e) = load_latencies(&mut rec, p)
+        {
+            eprintln!("tracer: the latency log could not be used for this window: {e:#}");
+        }
+        let report = analyze(&rec);
+        self.metrics.set_rss(process::own_rss());
+        self.metrics.add(&rec, &report);
+        self.windows += 1;
+        if self.json {
+            self.out.json(&report)
+        } else {
+            self.out.line(&line(&rec, &report))
+        }
+    }
+}
+
+async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Result<()> {
+    let mut session = Session::open(targets, opts, || Ok(()))?;
+    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
+    session.handle_signals(trigger_rx)?;
+    // Only a process given ends the watch by exiting; a cgroup's processes come and go.
+    let given = session.targets().given;
+    if given == 0 {
+        session.ignore_target_exit();
+    }
+    let metrics = Arc::new(Metrics::new());
+    let exporter = match args.prometheus {
+        Some(a) => Some(serve::Exporter::start(a, Arc::clone(&metrics), trigger_tx)?),
+        None => None,
+    };
+    if let (Some(e), false) = (&exporter, args.record.quiet) {
+        eprintln!("tracer: serving http://{}/metrics", e.addr);
+    }
+    let mut sinks = Sinks {
+        out: out::Out::open(args.log.as_deref())?,
+        json: args.record.json,
+        latencies: args.record.requests.latencies.clone(),
+        metrics,
+        windows: 0,
+    };
+    let mut next = tokio::time::Instant::now() + args.interval;
+    let end_reason = loop {
+        match session.wait(Some(next)).await? {
+            Wake::Deadline => {
+                // The last window is the run's end: `finish` closes it exactly there.
+                if args.count.is_some_and(|n| sinks.windows + 1 >= n) {
+                    break EndReason::Duration;
+                }
+                session.begin_cut()?;
+                if let Some(stop) = lag(&mut session, &mut sinks).await? {
+                    break stop;
+                }
+                sinks.window(session.end_cut()?)?;
+                next += args.interval;
+            }
+            Wake::Hangup => sinks.out.reopen()?,
+            Wake::Trigger => trigger(&sinks),
+            Wake::Interrupted => break EndReason::Interrupted,
+            Wake::TargetExited => break EndReason::TargetExited,
+        }
+    };
+    let finished = session.finish(end_reason).await?;
+    drop(exporter);
+    if let Some(c) = finished.cut {
+        sinks.window(c)?;
+    }
+    sinks.window(finished.last)?;
+    if end_reason == EndReason::TargetExited && !args.record.quiet {
+        let t = targets.primary();
+        eprintln!(
+            "tracer: PID {} ({}) exited: the watch ends after {} windows (--cgroup follows a \
+             service across restarts)",
+            t.proc_pid,
+            printable(&t.comm),
+            sinks.windows
+        );
+    }
+    Ok(())
+}
+
+/// While a cut window's last records arrive: the signals still act; one that ends the run
+/// ends it here.
+async fn lag(session: &mut Session<'_>, sinks: &mut Sinks) -> Result<Option<EndReason>> {
+    let until = tokio::time::Instant::now() + CUT_LAG;
+    loop {
+        match session.wait(Some(until)).await? {
+            Wake::Deadline => return Ok(None),
+            Wake::Hangup => sinks.out.reopen()?,
+            Wake::Trigger => trigger(sinks),
+            Wake::Interrupted => return Ok(Some(EndReason::Interrupted)),
+            Wake::TargetExited => return Ok(Some(EndReason::TargetExited)),
+        }
+    }
+}
+
+fn trigger(sinks: &Sinks) {
+    sinks.metrics.count_trigger();
+    eprintln!("tracer: trigger received, but there is no flight recorder to write (no --keep)");
+}
+
+/// A serde enum's name as the JSON document writes it.
+fn name(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|x| x.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// A window in one line: when it ended, how long it was, the primary cause with its share,
+/// the requests' p99 when known, and the top mechanism.
+fn line(rec: &Recording, r: &Report) -> String {
+    let (s, v) = (&r.summary, &r.verdict);
+    let end = rec.end_ns as i128 + rec.host.realtime_minus_monotonic_ns as i128;
+    let when = std::time::UNIX_EPOCH + Duration::from_nanos(end.max(0) as u64);
+    let mut out = format!(
+        "{}  {:>6}  ",
+        humantime::format_rfc3339_seconds(when),
+        crate::units::dur(s.duration_ns)
+    );
+    match v.causes.first() {
+        Some(c) => out.push_str(&format!("{} {:.0}%", name(&c.cause()), c.share * 100.0)),
+        None => out.push_str(&name(&v.primary)),
+    }
+    if let Some(q) = &s.requests {
+        out.push_str(&format!(
+            "  p99 {} ({} requests)",
+            crate::units::dur(q.p99_ns),
+            q.requests
+        ));
+    }
+    if let Some(c) = v.causes.first() {
+        out.push_str(&format!("  {}: {}", c.mechanism.id(), c.mechanism));
+        if let Some(a) = &c.acts_in {
+            out.push_str(&format!(" (in {a})"));
+        }
+    }
+    let l = &s.losses;
+    if l.ringbuf_dropped + l.late_records > 0 {
+        out.push_str(&format!(
+            "  [{} records dropped, {} late]",
+            l.ringbuf_dropped, l.late_records
+        ));
+    }
+    out
+}

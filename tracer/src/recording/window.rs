@@ -1,0 +1,338 @@
+//! Consecutive windows of one long recording (`tracer watch`): the kernel keeps running totals,
+//! so a window's accounts are what the totals moved by since the last window. Pure.
+//!
+//! A window's recording starts as the cumulative one (every account closed at the window's
+//! end, as `attach` would close them, from the first window's start) with the window's own
+//! timeline data (wait samples and kinds, requests, pauses, CUDA spans); `Reported::take`
+//! turns it into the window's by taking off what earlier windows reported. What is taken off
+//! is the sum of what was reported, not the last cumulative value: a thread that changed state
+//! while the accounts were read (a few microseconds) was closed in the state it was leaving,
+//! and the cumulative value of that state can step back at the next reading. The window then
+//! reports nothing for it (not a negative time), and the next windows catch up, so the windows
+//! always add up to the whole run (`tests/tests/watch.rs`).
+
+use std::collections::BTreeMap;
+
+use super::{
+    CudaTotals, Losses, MigrationRoute, Recording, ThreadRecord, counters::CounterTotals,
+    threads::ThreadTotals, wakers::WakerRecord,
+};
+
+/// What the windows so far reported of one thread.
+#[derive(Debug, Clone, Default)]
+struct ThreadSoFar {
+    /// Tells a new thread that reuses a TID from the one reported.
+    created_ns: Option<u64>,
+    exited_ns: Option<u64>,
+    totals: ThreadTotals,
+    runq_waits: u64,
+    runq_wait_max_ns: u64,
+    hist: Vec<u32>,
+    counters: Option<CounterTotals>,
+    cuda: Option<CudaTotals>,
+}
+
+type WakerKey = (u32, u32, Option<u32>);
+
+/// The sums of what the windows so far reported, by account.
+#[derive(Debug, Clone, Default)]
+pub struct Reported {
+    threads: BTreeMap<u32, ThreadSoFar>,
+    preemptors: BTreeMap<(u32, u32), (u64, u64)>,
+    routes: BTreeMap<(u32, u32, u32), u64>,
+    wakers: BTreeMap<WakerKey, (u64, u64, u64, Vec<u32>)>,
+    losses: Losses,
+}
+
+/// `cur - *so_far`, clamped at 0, and `*so_far` advanced by it.
+fn step(cur: u64, so_far: &mut u64) -> u64 {
+    let d = cur.saturating_sub(*so_far);
+    *so_far += d;
+    d
+}
+
+fn step_hist(cur: &mut [u32], so_far: &mut Vec<u32>) {
+    so_far.resize(cur.len().max(so_far.len()), 0);
+    for (c, s) in cur.iter_mut().zip(so_far.iter_mut()) {
+        let d = c.saturating_sub(*s);
+        *s += d;
+        *c = d;
+    }
+}
+
+fn step_totals(cur: &mut ThreadTotals, s: &mut ThreadTotals) {
+    let (c, so) = (&mut cur.switches, &mut s.switches);
+    c.voluntary_switches = step(c.voluntary_switches, &mut so.voluntary_switches);
+    c.involuntary_switches = step(c.involuntary_switches, &mut so.involuntary_switches);
+    c.migrations = step(c.migrations, &mut so.migrations);
+    c.wakeups = step(c.wakeups, &mut so.wakeups);
+    let (c, so) = (&mut cur.time, &mut s.time);
+    c.oncpu_ns = step(c.oncpu_ns, &mut so.oncpu_ns);
+    c.runq_wait_ns = step(c.runq_wait_ns, &mut so.runq_wait_ns);
+    c.blocked_ns = step(c.blocked_ns, &mut so.blocked_ns);
+}
+
+fn step_counters(cur: &mut CounterTotals, s: &mut CounterTotals) {
+    for i in 0..cur.scaled.len() {
+        cur.scaled[i] = step(cur.scaled[i], &mut s.scaled[i]);
+        cur.raw[i] = step(cur.raw[i], &mut s.raw[i]);
+        cur.enabled_ns[i] = step(cur.enabled_ns[i], &mut s.enabled_ns[i]);
+        cur.running_ns[i] = step(cur.running_ns[i], &mut s.running_ns[i]);
+    }
+}
+
+/// A maximum is not a running total: a larger one than any reported happened in this
+/// window; else this window's is what its own samples say (`own`), or, with none, unknown
+/// but at most the one reported, which is given.
+fn step_max(cur: u64, so_far: &mut u64, own: Option<u64>) -> u64 {
+    if cur > *so_far {
+        *so_far = cur;
+        cur
+    } else {
+        own.unwrap_or(cur)
+    }
+}
+
+fn step_cuda(cur: &mut CudaTotals, s: &mut CudaTotals, own_max: Option<u64>) {
+    cur.launches = step(cur.launches, &mut s.launches);
+    cur.sync_calls = step(cur.sync_calls, &mut s.sync_calls);
+    cur.sync_ns = step(cur.sync_ns, &mut s.sync_ns);
+    cur.sync_max_ns = if cur.sync_calls == 0 {
+        // Keep the running maximum up to date without reporting it here.
+        s.sync_max_ns = s.sync_max_ns.max(cur.sync_max_ns);
+        0
+    } else {
+        step_max(cur.sync_max_ns, &mut s.sync_max_ns, own_max)
+    };
+}
+
+impl Reported {
+    /// Turns `rec`, cumulative from the run's start and closed at `window_start`..`rec.end_ns`'s
+    /// end, into the window `[window_start, rec.end_ns]`, and adds it to what was reported.
+    pub fn take(&mut self, rec: &mut Recording, window_start: u64) {
+        rec.start_ns = window_start;
+        let sync_max = own_sync_max(rec);
+        let mut threads = std::mem::take(&mut rec.threads);
+        threads.retain_mut(|t| self.take_thread(t, window_start, sync_max.get(&t.tid).copied()));
+        rec.threads = threads;
+        let mut preemptors = std::mem::take(&mut rec.preemptors);
+        preemptors.retain_mut(|p| {
+            let s = self.preemptors.entry((p.pid, p.tgid)).or_default();
+            p.wait_ns = step(p.wait_ns, &mut s.0);
+            p.slices = step(p.slices, &mut s.1);
+            p.slices > 0 || p.wait_ns > 0
+        });
+        rec.preemptors = preemptors;
+        rec.migration_routes.retain_mut(|r: &mut MigrationRoute| {
+            let s = self
+                .routes
+                .entry((r.tid, r.from_cpu, r.to_cpu))
+                .or_default();
+            r.count = step(r.count, s);
+            r.count > 0
+        });
+        rec.wakers.retain_mut(|w: &mut WakerRecord| {
+            let s = self
+                .wakers
+                .entry((w.tid, w.waker_tid, w.syscall))
+                .or_default();
+            w.blocked_ns = step(w.blocked_ns, &mut s.0);
+            w.count = step(w.count, &mut s.1);
+            w.max_ns = step_max(w.max_ns, &mut s.2, None);
+            step_hist(&mut w.hist, &mut s.3);
+            w.count > 0
+        });
+        self.take_losses(&mut rec.losses);
+    }
+
+    /// One thread's window; false when it has nothing in it (it ended before the window).
+    fn take_thread(&mut self, t: &mut ThreadRecord, start: u64, sync_max: Option<u64>) -> bool {
+        if t.exited_ns.is_some_and(|e| e < start) {
+            self.threads.remove(&t.tid);
+            return false;
+        }
+        let s = self.threads.entry(t.tid).or_default();
+        if s.created_ns != t.created_ns && s.exited_ns.is_some() {
+            // The TID stands for another thread now.
+            *s = ThreadSoFar::default();
+        }
+        s.created_ns = t.created_ns;
+        s.exited_ns = t.exited_ns;
+        step_totals(&mut t.totals, &mut s.totals);
+        t.runq_waits = step(t.runq_waits, &mut s.runq_waits);
+        let own_max =
+            (!t.runq_wait_samples.is_empty()).then(|| t.runq_wait_samples.value_at_quantile(1.0));
+        t.runq_wait_max_ns = if t.runq_waits == 0 {
+            s.runq_wait_max_ns = s.runq_wait_max_ns.max(t.runq_wait_max_ns);
+            0
+        } else {
+            step_max(t.runq_wait_max_ns, &mut s.runq_wait_max_ns, own_max)
+        };
+        step_hist(&mut t.runq_wait_log2_hist, &mut s.hist);
+        if let Some(c) = t.counters.as_mut() {
+            step_counters(c, s.counters.get_or_insert_with(Default::default));
+        }
+        if let Some(c) = t.cuda.as_mut() {
+            step_cuda(c, s.cuda.get_or_insert_with(Default::default), sync_max);
+        }
+        // Born or parented before the window: not news in it.
+        if t.created_ns.is_some_and(|c| c < start) {
+            t.created_ns = None;
+            t.parent_tid = None;
+        }
+        true
+    }
+
+    fn take_losses(&mut self, l: &mut Losses) {
+        let s = &mut self.losses;
+        l.ringbuf_dropped = step(l.ringbuf_dropped, &mut s.ringbuf_dropped);
+        l.thread_map_full = step(l.thread_map_full, &mut s.thread_map_full);
+        l.preemptor_map_full = step(l.preemptor_map_full, &mut s.preemptor_map_full);
+        l.migration_map_full = step(l.migration_map_full, &mut s.migration_map_full);
+        l.child_map_full = step(l.child_map_full, &mut s.child_map_full);
+        l.waker_map_full = step(l.waker_map_full, &mut s.waker_map_full);
+        l.unseen_switch_ins = step(l.unseen_switch_ins, &mut s.unseen_switch_ins);
+        l.unseen_switch_outs = step(l.unseen_switch_outs, &mut s.unseen_switch_outs);
+        l.perf_read_failed = step(l.perf_read_failed, &mut s.perf_read_failed);
+        l.clock_checks = step(l.clock_checks, &mut s.clock_checks);
+        l.clock_error_ns = step(l.clock_error_ns, &mut s.clock_error_ns);
+    }
+
+    /// Forgets the threads that ended before `t`: no later window has anything of theirs.
+    pub fn forget_ended(&mut self, t: u64) {
+        self.threads
+            .retain(|_, s| s.exited_ns.is_none_or(|e| e >= t));
+    }
+}
+
+/// The longest synchronizing CUDA call of each thread in the window, from its spans.
+fn own_sync_max(rec: &Recording) -> BTreeMap<u32, u64> {
+    let mut m: BTreeMap<u32, u64> = BTreeMap::new();
+    for s in &rec.cuda_syncs {
+        let e = m.entry(s.tid).or_default();
+        *e = (*e).max(s.end_ns - s.start_ns);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::threads::{StateTimes, Switches};
+
+    fn thread(tid: u32, oncpu: u64, blocked: u64, switches: u64) -> ThreadRecord {
+        ThreadRecord {
+            tid,
+            pid: 1,
+            comm: "t".into(),
+            created_ns: None,
+            exited_ns: None,
+            parent_tid: None,
+            totals: ThreadTotals {
+                switches: Switches {
+                    voluntary_switches: switches,
+                    ..Default::default()
+                },
+                time: StateTimes {
+                    oncpu_ns: oncpu,
+                    runq_wait_ns: 0,
+                    blocked_ns: blocked,
+                },
+            },
+            runq_waits: 0,
+            runq_wait_max_ns: 0,
+            runq_wait_log2_hist: vec![0; 4],
+            runq_wait_samples: Default::default(),
+            counters: None,
+            cuda: None,
+            wait_classes: Default::default(),
+        }
+    }
+
+    fn rec(end: u64, threads: Vec<ThreadRecord>) -> Recording {
+        let mut r = crate::recording::testutil::recording(vec![], vec![]);
+        r.end_ns = end;
+        r.threads = threads;
+        r
+    }
+
+    #[test]
+    fn windows_add_up_to_the_whole_even_when_a_reading_steps_back() {
+        let mut reported = Reported::default();
+        // Cumulative readings at 100, 200, 300: the second closed the thread on the CPU for
+        // 5 ns it actually spent blocked, which the third reading corrects.
+        let readings = [(100, 60, 40, 3), (200, 125, 75, 5), (300, 160, 140, 9)];
+        let mut sum = (0, 0, 0);
+        let mut start = 0;
+        for (end, oncpu, blocked, sw) in readings {
+            let mut r = rec(end, vec![thread(7, oncpu, blocked, sw)]);
+            reported.take(&mut r, start);
+            let t = &r.threads[0].totals;
+            assert_eq!(r.start_ns, start);
+            sum.0 += t.time.oncpu_ns;
+            sum.1 += t.time.blocked_ns;
+            sum.2 += t.switches.voluntary_switches;
+            start = end;
+        }
+        assert_eq!(sum, (160, 140, 9), "the windows add up to the last reading");
+    }
+
+    #[test]
+    fn negative_steps_are_clamped_and_caught_up() {
+        let mut reported = Reported::default();
+        let mut a = rec(100, vec![thread(7, 70, 30, 1)]);
+        reported.take(&mut a, 0);
+        // On the CPU 5 ns less than the first reading said: nothing this window, not -5.
+        let mut b = rec(200, vec![thread(7, 65, 135, 1)]);
+        reported.take(&mut b, 100);
+        assert_eq!(b.threads[0].totals.time.oncpu_ns, 0);
+        assert_eq!(b.threads[0].totals.time.blocked_ns, 105);
+        let mut c = rec(300, vec![thread(7, 100, 200, 2)]);
+        reported.take(&mut c, 200);
+        assert_eq!(
+            c.threads[0].totals.time.oncpu_ns, 30,
+            "100 less the 70 reported"
+        );
+    }
+
+    #[test]
+    fn a_reused_tid_starts_afresh_and_an_ended_thread_is_forgotten() {
+        let mut reported = Reported::default();
+        let mut old = thread(7, 50, 0, 2);
+        old.exited_ns = Some(80);
+        let mut a = rec(100, vec![old.clone()]);
+        reported.take(&mut a, 0);
+        assert_eq!(a.threads.len(), 1);
+        // The next window still lists the dead thread (its account is kept until reaped):
+        // nothing of it falls in the window.
+        let mut b = rec(200, vec![old]);
+        reported.take(&mut b, 100);
+        assert!(b.threads.is_empty());
+        let mut new = thread(7, 20, 10, 1);
+        new.created_ns = Some(250);
+        new.parent_tid = Some(1);
+        let mut c = rec(300, vec![new]);
+        reported.take(&mut c, 200);
+        assert_eq!(c.threads[0].totals.time.oncpu_ns, 20);
+        assert_eq!(c.threads[0].created_ns, Some(250));
+    }
+
+    #[test]
+    fn a_maximum_is_this_windows_own() {
+        let mut reported = Reported::default();
+        let mut t = thread(7, 10, 0, 0);
+        t.runq_waits = 2;
+        t.runq_wait_max_ns = 900;
+        let mut a = rec(100, vec![t.clone()]);
+        reported.take(&mut a, 0);
+        assert_eq!(a.threads[0].runq_wait_max_ns, 900);
+        // Two more waits, the longest 40 ns (its samples say): the running maximum is still 900.
+        t.runq_waits = 4;
+        t.runq_wait_samples.record(40);
+        t.runq_wait_samples.record(12);
+        let mut b = rec(200, vec![t]);
+        reported.take(&mut b, 100);
+        assert_eq!(b.threads[0].runq_waits, 2);
+        assert_eq!(b.threads[0].runq_wait_max_ns, 40);
+    }
+}

@@ -1,0 +1,447 @@
+//! `tracer watch --prometheus`: each window's report added to the exported series, in the
+//! OpenMetrics text format of the official Prometheus client (prometheus-client). Labels are
+//! few and bounded: causes, mechanisms, process roles, waker kinds, GPUs, NVML policies; never
+//! a thread or request ID (docs/METRICS.md lists every series).
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet},
+    metrics::{
+        MetricType, TypedMetric,
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::{Registry, Unit},
+};
+
+use crate::{
+    analysis::{Report, wakers::Classifier},
+    recording::Recording,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
+    mechanism_id: String,
+    process_role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrimaryLabels {
+    primary: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    process_role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WakerLabels {
+    process_role: String,
+    waker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    gpu: String,
+    uuid: String,
+    policy: String,
+}
+
+/// The first log2 slot exported on its own: below it (1 µs) every wait is one bucket.
+const FIRST_SLOT: usize = 10;
+
+/// A histogram fed from the kernel's log2 histograms (slot i: [2^(i-1), 2^i) ns) and the
+/// exact sums beside them, in seconds: the kernel already binned the values, so there is no
+/// value to `observe`.
+#[derive(Debug, Default, Clone)]
+struct Log2Histogram(Arc<Mutex<(f64, Vec<u64>)>>);
+
+impl Log2Histogram {
+    fn add(&self, sum_ns: u64, slots: &[u32]) {
+        let mut g = self.0.lock().expect("not poisoned");
+        g.0 += sum_ns as f64 / 1e9;
+        if g.1.len() < slots.len() {
+            g.1.resize(slots.len(), 0);
+        }
+        for (a, &b) in g.1.iter_mut().zip(slots) {
+            *a += b as u64;
+        }
+    }
+}
+
+impl TypedMetric for Log2Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Log2Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let g = self.0.lock().expect("not poisoned");
+        let slots = &g.1;
+        let mut buckets: Vec<(f64, u64)> = Vec::new();
+        let below: u64 = slots.iter().take(FIRST_SLOT + 1).sum();
+        buckets.push(((1u64 << FIRST_SLOT) as f64 / 1e9, below));
+        for (i, &n) in slots.iter().enumerate().skip(FIRST_SLOT + 1) {
+            buckets.push(((1u64 << i.min(63)) as f64 / 1e9, n));
+        }
+        buckets.push((f64::MAX, 0));
+        let count = slots.iter().sum();
+        encoder.encode_histogram::<NoLabelSet>(g.0, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+type FloatCounter = Counter<f64, AtomicU64>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every exported series; `add` folds a window into them.
+pub struct Metrics {
+    registry: Registry,
+    attributed: Family<CauseLabels, FloatCounter>,
+    windows: Family<PrimaryLabels, Counter>,
+    window_seconds: FloatCounter,
+    runq_wait: Family<RoleLabels, Log2Histogram>,
+    blocked: Family<WakerLabels, Log2Histogram>,
+    latency: Histogram,
+    gpu_util: Family<GpuLabels, FloatGauge>,
+    sm_clock: Family<GpuLabels, FloatGauge>,
+    violation: Family<PolicyLabels, FloatCounter>,
+    dropped: Counter,
+    late: Counter,
+    own_cpu: FloatCounter,
+    own_rss: Gauge,
+    /// The last window's end, CLOCK_REALTIME seconds.
+    last_window: FloatGauge,
+    triggers: Counter,
+    /// The tracer's resident memory, as the watch loop last read it.
+    rss_now: Arc<AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::default();
+        let attributed = Family::<CauseLabels, FloatCounter>::default();
+        r.register_with_unit(
+            "tracer_attributed",
+            "Time each cause took: the threads' time lost to it over a window, or its share of \
+             the tail requests' excess over the median",
+            Unit::Seconds,
+            attributed.clone(),
+        );
+        let windows = Family::<PrimaryLabels, Counter>::default();
+        r.register(
+            "tracer_windows",
+            "Windows closed, by their primary cause (none: nothing found)",
+            windows.clone(),
+        );
+        let window_seconds = FloatCounter::default();
+        r.register_with_unit(
+            "tracer_recorded",
+            "Time covered by the windows closed",
+            Unit::Seconds,
+            window_seconds.clone(),
+        );
+        let runq_wait = Family::<RoleLabels, Log2Histogram>::default();
+        r.register_with_unit(
+            "tracer_runqueue_wait",
+            "Run-queue waits of the target's threads (runnable until on a CPU), by process role",
+            Unit::Seconds,
+            runq_wait.clone(),
+        );
+        let blocked = Family::<WakerLabels, Log2Histogram>::default();
+        r.register_with_unit(
+            "tracer_blocked",
+            "Blocked intervals of the target's threads, by process role and by what ended them",
+            Unit::Seconds,
+            blocked.clone(),
+        );
+        let latency = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
+        r.register_with_unit(
+            "tracer_request_latency",
+            "Latency of the target's requests (from its markers or latency log)",
+            Unit::Seconds,
+            latency.clone(),
+        );
+        let gpu_util = Family::<GpuLabels, FloatGauge>::default();
+        r.register(
+            "tracer_gpu_utilization_ratio",
+            "GPU utilization over the last window (NVML), 0..1",
+            gpu_util.clone(),
+        );
+        let sm_clock = Family::<GpuLabels, FloatGauge>::default();
+        r.register(
+            "tracer_gpu_sm_clock_hertz",
+            "Mean SM clock over the last window (NVML)",
+            sm_clock.clone(),
+        );
+        let violation = Family::<PolicyLabels, FloatCounter>::default();
+        r.register_with_unit(
+            "tracer_gpu_clock_violation",
+            "Time an NVML performance policy held the GPU's clocks down",
+            Unit::Seconds,
+            violation.clone(),
+        );
+        let dropped = Counter::default();
+        r.register(
+            "tracer_dropped_events",
+            "Timeline records lost to a full ring buffer, and map entries that found no room \
+             (the kernel's totals stay exact)",
+            dropped.clone(),
+        );
+        let late = Counter::default();
+        r.register(
+            "tracer_late_records",
+            "Records that arrived after their window was reported",
+            late.clone(),
+        );
+        let own_cpu = FloatCounter::default();
+        r.register_with_unit(
+            "tracer_cpu",
+            "CPU time of the tracer's own process (user and system)",
+            Unit::Seconds,
+            own_cpu.clone(),
+        );
+        let own_rss = Gauge::default();
+        r.register_with_unit(
+            "tracer_resident_memory",
+            "Resident memory of the tracer's own process",
+            Unit::Bytes,
+            own_rss.clone(),
+        );
+        let last_window = FloatGauge::default();
+        r.register_with_unit(
+            "tracer_last_window_end_timestamp",
+            "When the last window closed (Unix time)",
+            Unit::Seconds,
+            last_window.clone(),
+        );
+        let triggers = Counter::default();
+        r.register(
+            "tracer_triggers",
+            "Flight-recorder triggers (SIGUSR1, POST /trigger, automatic)",
+            triggers.clone(),
+        );
+        Self {
+            registry: r,
+            attributed,
+            windows,
+            window_seconds,
+            runq_wait,
+            blocked,
+            latency,
+            gpu_util,
+            sm_clock,
+            violation,
+            dropped,
+            late,
+            own_cpu,
+            own_rss,
+            last_window,
+            triggers,
+            rss_now: Arc::default(),
+        }
+    }
+
+    /// The exposition, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        self.own_rss
+            .set(self.rss_now.load(Ordering::Relaxed) as i64);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// The tracer's resident memory now, reported at the next scrape.
+    pub fn set_rss(&self, bytes: u64) {
+        self.rss_now.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn count_trigger(&self) {
+        self.triggers.inc();
+    }
+
+    /// Adds one window.
+    pub fn add(&self, rec: &Recording, report: &Report) {
+        let (s, v) = (&report.summary, &report.verdict);
+        let role_of = |pid: u32| {
+            s.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .map_or_else(|| "unknown".to_string(), |p| p.role.clone())
+        };
+        let service_role = if s.processes.len() == 1 {
+            s.processes[0].role.clone()
+        } else {
+            "service".to_string()
+        };
+        for c in &v.causes {
+            let labels = CauseLabels {
+                cause: name_of(&c.cause()),
+                mechanism_id: c.mechanism.id().to_string(),
+                process_role: c
+                    .acts_in
+                    .as_ref()
+                    .map_or_else(|| service_role.clone(), |a| a.role.clone()),
+            };
+            self.attributed
+                .get_or_create(&labels)
+                .inc_by(c.attributed_ns.max(0.0) / 1e9);
+        }
+        self.windows
+            .get_or_create(&PrimaryLabels {
+                primary: name_of(&v.primary),
+            })
+            .inc();
+        self.window_seconds.inc_by(s.duration_ns as f64 / 1e9);
+        for t in &rec.threads {
+            self.runq_wait
+                .get_or_create(&RoleLabels {
+                    process_role: role_of(t.pid),
+                })
+                .add(t.totals.time.runq_wait_ns, &t.runq_wait_log2_hist);
+        }
+        let classify = Classifier::new(rec);
+        let pid_of: std::collections::HashMap<u32, u32> =
+            rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
+        for w in &rec.wakers {
+            let pid = pid_of.get(&w.tid).copied().unwrap_or(0);
+            let kind = classify.of_record(w).kind;
+            self.blocked
+                .get_or_create(&WakerLabels {
+                    process_role: role_of(pid),
+                    waker: name_of(&kind),
+                })
+                .add(w.blocked_ns, &w.hist);
+        }
+        if let Some(reqs) = &rec.requests {
+            for r in &reqs.spans {
+                self.latency
+                    .observe(r.end_ns.saturating_sub(r.start_ns) as f64 / 1e9);
+            }
+        }
+        self.add_gpu(report);
+        let l = &s.losses;
+        self.dropped.inc_by(
+            l.ringbuf_dropped
+                + l.thread_map_full
+                + l.preemptor_map_full
+                + l.migration_map_full
+                + l.child_map_full
+                + l.waker_map_full,
+        );
+        self.late.inc_by(l.late_records);
+        if let Some(c) = &s.tracer_cost {
+            self.own_cpu.inc_by(c.cpu_ns as f64 / 1e9);
+        }
+        let end_s =
+            (rec.end_ns as i128 + rec.host.realtime_minus_monotonic_ns as i128) as f64 / 1e9;
+        self.last_window.set(end_s);
+    }
+
+    fn add_gpu(&self, report: &Report) {
+        let Some(g) = &report.summary.gpu else {
+            return;
+        };
+        for d in &g.devices {
+            let labels = GpuLabels {
+                gpu: d.index.to_string(),
+                uuid: d.uuid.clone(),
+            };
+            if let Some(u) = d.util_gpu_pct {
+                self.gpu_util.get_or_create(&labels).set(u / 100.0);
+            }
+            if let Some(c) = d.sm_clock_mhz {
+                self.sm_clock.get_or_create(&labels).set(c * 1e6);
+            }
+            for v in &d.clock_violations {
+                self.violation
+                    .get_or_create(&PolicyLabels {
+                        gpu: labels.gpu.clone(),
+                        uuid: labels.uuid.clone(),
+                        policy: v.policy.clone(),
+                    })
+                    .inc_by(v.ns as f64 / 1e9);
+            }
+        }
+    }
+}
+
+/// A serde enum's name as the JSON document writes it (`scheduling`, `same_process`).
+fn name_of(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|x| x.as_str().map(String::from))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::testutil::{recording, thread};
+
+    #[test]
+    fn a_window_becomes_series_without_thread_ids() {
+        let mut t = thread(4242, 9_000, 1_000, &[2_000, 3_000_000]);
+        t.pid = 100;
+        let rec = recording(vec![t], vec![]);
+        let report = crate::analysis::analyze(&rec);
+        let m = Metrics::new();
+        m.add(&rec, &report);
+        m.add(&rec, &report);
+        let text = m.encode();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(
+            text.contains("# TYPE tracer_runqueue_wait_seconds histogram"),
+            "{text}"
+        );
+        // Two windows of the same thread: its two waits twice, the 3 ms one in the 4.2 ms
+        // bucket (slot 22) and above.
+        let line = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .to_string()
+        };
+        assert!(line("tracer_runqueue_wait_seconds_count{").ends_with(" 4"));
+        assert!(line("tracer_runqueue_wait_seconds_bucket{le=\"0.004194304\"").ends_with(" 4"));
+        assert!(line("tracer_runqueue_wait_seconds_bucket{le=\"0.002097152\"").ends_with(" 2"));
+        assert!(line("tracer_windows_total{").contains("primary=\""));
+        let recorded: f64 = line("tracer_recorded_seconds_total")
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number");
+        assert!(
+            (recorded - 2e-5).abs() < 1e-12,
+            "two windows of 10 us: {recorded}"
+        );
+        assert!(
+            !text.contains("4242"),
+            "a thread ID is never a label or value:\n{text}"
+        );
+        assert!(!text.contains("tid="), "{text}");
+    }
+}

@@ -1,0 +1,440 @@
+//! Closing windows: the one window of `attach`, and the consecutive windows of `tracer watch`,
+//! whose accounts are what the kernel's running totals moved by (`recording::window`).
+//!
+//! A window is cut in two steps. At its end the kernel's accounts, the threads' /proc counts,
+//! the cgroups and the GPU are read (`begin_cut`); the CPUs' batches of records from before
+//! the end still arrive for a moment, and go to the closing window by their time. After
+//! `CUT_LAG` the window is assembled (`end_cut`). A record from before a window's end that
+//! arrives later still (a CPU that ran one task without switching since) is counted in the
+//! next window's `late_records`, not silently added to it.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{DETACH_GRACE, SELF_CHECK_THREADS, Session, assemble};
+use crate::{
+    recording::{
+        CgroupRecording, EndReason, ProcWindow, Recording, TracerCost, collect::Collector,
+        gpu::GpuRecording, window::Reported,
+    },
+    sources::{clock::monotonic_ns, ebpf::Reaped, process},
+};
+
+/// How long after a window's end its records are still taken: a CPU sends its batch at its
+/// first switch after the next tick (4 ms at HZ=250), or when it goes idle.
+pub const CUT_LAG: Duration = Duration::from_millis(250);
+
+/// A window whose end has passed and whose records may still be arriving.
+pub struct Closing {
+    /// The window it ends.
+    pub start: u64,
+    pub end: u64,
+    pub col: Collector,
+    kernel: assemble::Kernel,
+    proc_end: (
+        std::collections::BTreeMap<u32, crate::recording::ProcCounts>,
+        Vec<(u32, u64)>,
+    ),
+    children_end: Vec<crate::recording::children::ChildSnapshot>,
+    gpu: Option<GpuRecording>,
+    cgroups: Vec<Vec<crate::recording::cgroup::CgroupSample>>,
+    cpu_end: u64,
+}
+
+/// The end of a run: the window being cut when it ended, if one was, and the last window.
+pub struct Finished {
+    pub cut: Option<Recording>,
+    pub last: Recording,
+}
+
+/// What the windows so far have reported, and what the whole run keeps for its trace file.
+pub struct Windows {
+    reported: Reported,
+    run_start: u64,
+    /// Where the current window began, and the tracer's CPU time then.
+    window_start: u64,
+    cpu_mark: u64,
+    /// The whole run's GPU and cgroup samples, kept only for a trace file (its final frame
+    /// covers the run).
+    whole_gpu: Option<GpuRecording>,
+    whole_cgroups: Option<Vec<Vec<crate::recording::cgroup::CgroupSample>>>,
+    /// Records from before the current window that arrived after it began.
+    pub late: u64,
+}
+
+impl Windows {
+    pub fn new(start: u64, cpu: u64, whole_run: bool) -> Self {
+        Self {
+            reported: Reported::default(),
+            run_start: start,
+            window_start: start,
+            cpu_mark: cpu,
+            whole_gpu: None,
+            whole_cgroups: whole_run.then(Vec::new),
+            late: 0,
+        }
+    }
+
+    pub fn window_start(&self) -> u64 {
+        self.window_start
+    }
+
+    /// Whether a window was cut already (`tracer watch`).
+    pub fn cut_any(&self) -> bool {
+        self.window_start != self.run_start
+    }
+}
+
+/// Adds `part` (a later stretch of the same sampling) to `whole`.
+fn append_gpu(whole: &mut Option<GpuRecording>, part: &GpuRecording) {
+    match whole {
+        None => *whole = Some(part.clone()),
+        Some(w) => {
+            w.polls.extend_from_slice(&part.polls);
+            w.util_samples.extend_from_slice(&part.util_samples);
+            w.sampler_cpu_ns += part.sampler_cpu_ns;
+            for c in &part.sampler_calls {
+                match w.sampler_calls.iter_mut().find(|x| x.call == c.call) {
+                    Some(x) => {
+                        x.calls += c.calls;
+                        x.cpu_ns += c.cpu_ns;
+                        x.wall_ns += c.wall_ns;
+                    }
+                    None => w.sampler_calls.push(c.clone()),
+                }
+            }
+        }
+    }
+}
+
+impl Session<'_> {
+    /// Ends the current window now: reads what it is assembled from, and starts the next.
+    /// `end_cut` assembles it once its last records have arrived.
+    pub fn begin_cut(&mut self) -> Result<()> {
+        if self.closing.is_some() {
+            self.end_cut()?;
+        }
+        self.drain();
+        let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, None)?;
+        // After the reading: every account read was up to date at some instant before it.
+        let end = monotonic_ns();
+        let (counts_end, _) = self.targets.thread_counts(SELF_CHECK_THREADS);
+        let proc_end = (counts_end, process::cpu_steal());
+        let children_end = self.targets.children();
+        let mut cgroups = std::mem::take(&mut self.throttling);
+        for (i, (t, _)) in self.throttle.0.iter().enumerate() {
+            if let Some(s) = t.sample(end) {
+                cgroups[i].push(s.clone());
+                // The next window starts from the same reading.
+                self.throttling.push(vec![s]);
+            } else {
+                self.throttling.push(vec![]);
+            }
+        }
+        let gpu = self.sampler.as_ref().ok().map(|s| s.cut());
+        let next = self.col.successor(end);
+        let col = std::mem::replace(&mut self.col, next);
+        self.closing = Some(Closing {
+            start: self.windows.window_start,
+            end,
+            col,
+            kernel,
+            proc_end,
+            children_end,
+            gpu,
+            cgroups,
+            cpu_end: process::own_usage().0,
+        });
+        Ok(())
+    }
+
+    /// Assembles the window `begin_cut` ended.
+    pub fn end_cut(&mut self) -> Result<Recording> {
+        let c = self.closing.take().expect("begin_cut first");
+        let (gpu, gpu_capability) = match &self.sampler {
+            Ok(s) => (c.gpu, s.capability.clone()),
+            Err(cap) => (None, cap.clone()),
+        };
+        let ended = self.ended(
+            c.end,
+            EndReason::Window,
+            gpu,
+            gpu_capability,
+            c.cgroups,
+            c.proc_end,
+            c.children_end,
+        );
+        let rec = self.window_of(c.kernel, c.col, ended, c.cpu_end)?;
+        // Threads that ended before this window's end have been reported in full.
+        let end = c.end;
+        self.windows.reported.forget_ended(end);
+        forget_ended(&mut self.finished, end);
+        Ok(rec)
+    }
+
+    /// Turns the cumulative accounts into the window's, and moves on to the next window.
+    fn window_of(
+        &mut self,
+        kernel: assemble::Kernel,
+        col: Collector,
+        ended: assemble::Ended,
+        cpu_end: u64,
+    ) -> Result<Recording> {
+        let end = ended.end;
+        let mut rec = assemble::recording(&self.targets, &self.probes, kernel, col, ended)?;
+        if let Some(w) = self.windows.whole_cgroups.as_mut() {
+            let all = std::iter::once(&rec.cgroup)
+                .flatten()
+                .chain(rec.other_cgroups.iter());
+            for (i, cg) in all.enumerate() {
+                if w.len() <= i {
+                    w.push(Vec::new());
+                }
+                w[i].extend(cg.samples.iter().cloned());
+            }
+        }
+        if let (Some(g), true) = (&rec.gpu, self.writer.is_some()) {
+            append_gpu(&mut self.windows.whole_gpu, g);
+        }
+        let start = self.windows.window_start;
+        self.windows.reported.take(&mut rec, start);
+        rec.losses.late_records = std::mem::take(&mut self.windows.late);
+        let cpu = cpu_end.saturating_sub(self.windows.cpu_mark);
+        rec.tracer_cost = Some(TracerCost {
+            cpu_ns: cpu,
+            cpu_share: cpu as f64 / (end - start).max(1) as f64,
+            peak_rss_bytes: process::own_usage().1,
+        });
+        self.windows.window_start = end;
+        self.windows.cpu_mark = cpu_end;
+        Ok(rec)
+    }
+
+    /// What `assemble` needs besides the kernel's accounts, for a window ending at `end`; the
+    /// /proc side at `end` becomes the next window's start.
+    #[allow(clippy::too_many_arguments)]
+    fn ended(
+        &mut self,
+        end: u64,
+        end_reason: EndReason,
+        gpu: Option<GpuRecording>,
+        gpu_capability: crate::recording::Capability,
+        cgroups: Vec<Vec<crate::recording::cgroup::CgroupSample>>,
+        proc_end: (
+            std::collections::BTreeMap<u32, crate::recording::ProcCounts>,
+            Vec<(u32, u64)>,
+        ),
+        children_end: Vec<crate::recording::children::ChildSnapshot>,
+    ) -> assemble::Ended {
+        let (counts_start, left_out, steal_start, children_start) = std::mem::replace(
+            &mut self.counts,
+            (
+                proc_end.0.clone(),
+                0,
+                proc_end.1.clone(),
+                children_end.clone(),
+            ),
+        );
+        self.counts.1 = left_out;
+        assemble::Ended {
+            start: self.start,
+            end,
+            end_reason,
+            target_exited_ns: self.target_exited_ns,
+            initial: self.initial.clone(),
+            finished: Reaped {
+                stats: self.finished.stats.clone(),
+                counters: self.finished.counters.clone(),
+                cuda: self.finished.cuda.clone(),
+            },
+            gpu,
+            gpu_capability,
+            cgroups: self
+                .throttle
+                .0
+                .iter()
+                .zip(cgroups)
+                .map(|((t, pids), samples)| CgroupRecording {
+                    cgroup: t.cgroup.clone(),
+                    samples,
+                    pids: pids.clone(),
+                })
+                .collect(),
+            host: self.host.clone(),
+            proc_counts: ProcWindow {
+                start: counts_start,
+                end: proc_end.0,
+                left_out,
+                steal_start,
+                steal_end: proc_end.1,
+            },
+            children: (children_start, children_end),
+        }
+    }
+
+    /// Detaches everything and closes the last window (the only one, for `attach`).
+    pub async fn finish(mut self, end_reason: EndReason) -> Result<Finished> {
+        self.bar.finish_and_clear();
+        // The window is closed: from here a signal ends the tool at once (signals.rs).
+        crate::signals::exit_on_interrupt(&match &self.writer {
+            Some(w) => format!(
+                "the partial trace is in {} (`tracer report` reads it)",
+                w.temp().display()
+            ),
+            None => "no summary was printed".into(),
+        });
+        self.probes.detach_sched();
+        let end = monotonic_ns();
+        let (counts_end, _) = self.targets.thread_counts(SELF_CHECK_THREADS);
+        let proc_end = (counts_end, process::cpu_steal());
+        let children_end = self.targets.children();
+        // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
+        let cuda_at_end = self.probes.cuda_threads()?;
+        self.probes.detach_uprobes();
+        // Nothing more arrives once detached: take all that is left in the ring buffer, then
+        // the records each CPU had not sent yet. A program that started before the detach may
+        // still be running on another CPU (for microseconds; longer only if the hypervisor
+        // stops that vCPU): give it time to finish its batch.
+        tokio::time::sleep(DETACH_GRACE).await;
+        while self.drain() > 0 {}
+        self.take_unsent()?;
+        // A window being cut when the run ended is complete now.
+        let cut = match self.closing.is_some() {
+            true => Some(self.end_cut()?),
+            false => None,
+        };
+        let mut cgroups = std::mem::take(&mut self.throttling);
+        for (i, (t, _)) in self.throttle.0.iter().enumerate() {
+            cgroups[i].extend(t.sample(end));
+        }
+        let sampler = std::mem::replace(
+            &mut self.sampler,
+            Err(crate::recording::Capability {
+                available: false,
+                reason: "the sampler was stopped".into(),
+            }),
+        );
+        let (gpu, gpu_capability) = match sampler {
+            Ok(s) => {
+                let cap = s.capability.clone();
+                (Some(s.finish()), cap)
+            }
+            Err(cap) => (None, cap),
+        };
+        let ended = self.ended(
+            end,
+            end_reason,
+            gpu,
+            gpu_capability,
+            cgroups,
+            proc_end,
+            children_end,
+        );
+        let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, Some(cuda_at_end))?;
+        let col = std::mem::replace(&mut self.col, Collector::new(end, 1, false));
+        let cpu_end = process::own_usage().0;
+        let whole = if self.writer.is_some() && self.windows.cut_any() {
+            // The whole run, as its trace file's final frame: the same accounts before the
+            // last window's are taken off.
+            let mut whole = assemble::recording(
+                &self.targets,
+                &self.probes,
+                kernel.clone(),
+                Collector::new(self.start, 1, false),
+                self.clone_ended(&ended),
+            )?;
+            let mut gpu = self.windows.whole_gpu.take();
+            if let Some(g) = &ended.gpu {
+                append_gpu(&mut gpu, g);
+            }
+            whole.gpu = gpu;
+            Some(whole)
+        } else {
+            None
+        };
+        let cpu_total = cpu_end - self.cpu_at_start;
+        let mut rec = self.window_of(kernel, col, ended, cpu_end)?;
+        let mut whole = whole;
+        if let (Some(w), Some(all)) = (whole.as_mut(), self.windows.whole_cgroups.take()) {
+            let mut all = all.into_iter();
+            for cg in std::iter::once(&mut w.cgroup)
+                .flatten()
+                .chain(w.other_cgroups.iter_mut())
+            {
+                cg.samples = all.next().unwrap_or_default();
+            }
+            w.tracer_cost = Some(TracerCost {
+                cpu_ns: cpu_total,
+                cpu_share: cpu_total as f64 / (end - self.start).max(1) as f64,
+                peak_rss_bytes: process::own_usage().1,
+            });
+        }
+        self.write_trace(&mut rec, whole.as_ref())?;
+        Ok(Finished { cut, last: rec })
+    }
+
+    /// The same window ends for another assembly (the whole run's, with the last window's).
+    fn clone_ended(&self, e: &assemble::Ended) -> assemble::Ended {
+        assemble::Ended {
+            start: e.start,
+            end: e.end,
+            end_reason: e.end_reason,
+            target_exited_ns: e.target_exited_ns,
+            initial: e.initial.clone(),
+            finished: Reaped {
+                stats: e.finished.stats.clone(),
+                counters: e.finished.counters.clone(),
+                cuda: e.finished.cuda.clone(),
+            },
+            gpu: None,
+            gpu_capability: e.gpu_capability.clone(),
+            cgroups: e.cgroups.clone(),
+            host: e.host.clone(),
+            proc_counts: e.proc_counts.clone(),
+            children: e.children.clone(),
+        }
+    }
+
+    /// Finishes the trace file with the whole run (`whole`, else `rec`, the only window).
+    fn write_trace(&mut self, rec: &mut Recording, whole: Option<&Recording>) -> Result<()> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        // A signal from here until the message below says the file is complete waits (the
+        // file renamed into place while the message still named the temporary one told a
+        // user who interrupted then that the complete trace was partial).
+        let _held = crate::signals::Deferred::new();
+        // A file that cannot be finished (full disk) must not cost the recording: it is still
+        // reported, and the command fails after.
+        match w.finish(whole.unwrap_or(rec)) {
+            Ok(path) => {
+                crate::signals::exit_on_interrupt(&format!(
+                    "the trace file {} is complete (`tracer report` reads it)",
+                    path.display()
+                ));
+                if self.opts.notices {
+                    eprintln!("tracer: trace written to {}", path.display());
+                }
+            }
+            Err(e) => rec.output_error = Some(format!("{e:#}")),
+        }
+        Ok(())
+    }
+}
+
+/// Drops the accounts of threads that ended before `t` (reported in full by now).
+fn forget_ended(finished: &mut Reaped, t: u64) {
+    let gone: std::collections::BTreeSet<u32> = finished
+        .stats
+        .iter()
+        .filter(|s| s.flags & tracer_common::FLAG_EXITED != 0 && s.exited_ts_ns < t)
+        .map(|s| s.tid)
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    finished.stats.retain(|s| !gone.contains(&s.tid));
+    finished.counters.retain(|(tid, _)| !gone.contains(tid));
+    finished.cuda.retain(|(tid, _)| !gone.contains(tid));
+}
