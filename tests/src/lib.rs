@@ -484,3 +484,28 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Names of the loaded BPF programs that are the tracer's (bpftool): what a tracer that ended
+/// must not leave behind.
+pub fn tracer_programs() -> Vec<String> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut names: Vec<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .filter(|n| {
+            n.ends_with("_btf")
+                || ["sched_", "cuda_", "task_", "request_", "gc_"]
+                    .iter()
+                    .any(|p| n.starts_with(p))
+        })
+        .map(String::from)
+        .collect();
+    names.sort();
+    names
+}

@@ -14,9 +14,10 @@ use crate::{is_root, run};
 /// inspection), stress-ng (disturbances), linux-perf (perf stat cross-checks), protoc
 /// (decodes the Perfetto output in the tests), Chromium (renders the HTML output in the
 /// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer),
-/// Python's venv (the Perfetto test installs Perfetto's published protos in one). A probe is a
+/// Python's venv (the Perfetto test installs Perfetto's published protos in one), Prometheus
+/// (the export test scrapes `tracer watch` with the real server). A probe is a
 /// program, a path, or a shell command (with a space) that succeeds when the package is there.
-const APT_PACKAGES: [(&str, &str); 9] = [
+const APT_PACKAGES: [(&str, &str); 10] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
@@ -26,6 +27,7 @@ const APT_PACKAGES: [(&str, &str); 9] = [
     ("gcc", "cc"),
     ("bpftrace", "bpftrace"),
     ("python3-venv", "python3 -c 'import ensurepip'"),
+    ("prometheus", "prometheus"),
 ];
 
 fn have(program: &str) -> bool {

@@ -169,7 +169,11 @@ impl Session<'_> {
         // Threads that ended before this window's end have been reported in full.
         let end = c.end;
         self.windows.reported.forget_ended(end);
-        forget_ended(&mut self.finished, end);
+        // Gone from the threads /proc listed at the start too: else a thread without a kernel
+        // account would be taken for one that stayed quiet all along.
+        for tid in forget_ended(&mut self.finished, end) {
+            self.initial.remove(&tid);
+        }
         Ok(rec)
     }
 
@@ -423,18 +427,17 @@ impl Session<'_> {
     }
 }
 
-/// Drops the accounts of threads that ended before `t` (reported in full by now).
-fn forget_ended(finished: &mut Reaped, t: u64) {
+/// Drops the accounts of threads that ended before `t` (reported in full by now); returns
+/// their TIDs.
+fn forget_ended(finished: &mut Reaped, t: u64) -> std::collections::BTreeSet<u32> {
     let gone: std::collections::BTreeSet<u32> = finished
         .stats
         .iter()
         .filter(|s| s.flags & tracer_common::FLAG_EXITED != 0 && s.exited_ts_ns < t)
         .map(|s| s.tid)
         .collect();
-    if gone.is_empty() {
-        return;
-    }
     finished.stats.retain(|s| !gone.contains(&s.tid));
     finished.counters.retain(|(tid, _)| !gone.contains(tid));
     finished.cuda.retain(|(tid, _)| !gone.contains(tid));
+    gone
 }

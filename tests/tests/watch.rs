@@ -1,0 +1,329 @@
+//! `tracer watch`: consecutive windows from one attachment. Checked against the tracer's own
+//! whole-run account (its trace file, read back by `tracer report`), which comes from the
+//! kernel's totals closed once at the end: the windows must add up to it exactly, field by
+//! field, histogram slot by slot. And the lifecycle: SIGTERM reports the last partial window
+//! and detaches every program, SIGHUP reopens the log, a process given that exits ends the
+//! watch, and under --cgroup a restarted service is picked up.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tracer_tests::{
+    Kill, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial, tracer_programs,
+    u,
+};
+
+/// Busy 2 ms, asleep 1 ms, on three threads: switches, wakeups and run-queue waits in every
+/// window.
+const SPINNER: &str = "import threading, time\n\
+def spin():\n\
+\x20   while True:\n\
+\x20       t = time.monotonic()\n\
+\x20       while time.monotonic() - t < 0.002: pass\n\
+\x20       time.sleep(0.001)\n\
+for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n\
+time.sleep(3600)\n";
+
+fn spinner() -> Kill {
+    let k = Kill::group(Command::new("python3").args(["-c", SPINNER]));
+    // Its threads started.
+    for _ in 0..100 {
+        let n = std::fs::read_dir(format!("/proc/{}/task", k.id()))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if n >= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    k
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tracer-watch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect()
+}
+
+const SUMMED: [&str; 8] = [
+    "oncpu_ns",
+    "runq_wait_ns",
+    "blocked_ns",
+    "voluntary_switches",
+    "involuntary_switches",
+    "migrations",
+    "wakeups",
+    "runq_waits",
+];
+
+#[test]
+fn consecutive_windows_add_up_to_the_whole_run_exactly() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("sum");
+    let target = spinner();
+    let trace = dir.join("run.trace");
+    let pid = target.id().to_string();
+    let out = run_tracer(&[
+        "watch",
+        "-p",
+        &pid,
+        "--interval",
+        "1s",
+        "--count",
+        "4",
+        "--json",
+        "--quiet",
+        "--no-gpu",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.len(), 4, "{}", out.stdout);
+    let whole = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    // One after the other, covering the run.
+    assert_eq!(u(&windows[0]["start_ns"]), u(&whole["start_ns"]));
+    assert_eq!(u(&windows[3]["end_ns"]), u(&whole["end_ns"]));
+    for (i, w) in windows.iter().enumerate() {
+        assert_matches_schema(w, "summary", &format!("window {i}"));
+        if i > 0 {
+            assert_eq!(
+                u(&w["start_ns"]),
+                u(&windows[i - 1]["end_ns"]),
+                "window {i}"
+            );
+        }
+        let len = u(&w["duration_ns"]) as f64 / 1e9;
+        assert!((0.9..1.3).contains(&len), "window {i} is {len} s");
+        assert_eq!(
+            w["end_reason"],
+            if i < 3 { "window" } else { "duration" },
+            "window {i}"
+        );
+        // Each window checks itself against the threads' own /proc counts at its edges.
+        let check = &w["self_check"];
+        assert!(u(&check["threads_checked"]) >= 4, "{check}");
+        assert_eq!(check["disagreements"], serde_json::json!([]), "window {i}");
+    }
+    let threads = whole["threads"].as_array().unwrap();
+    assert!(threads.len() >= 4);
+    for t in threads {
+        let tid = u(&t["tid"]);
+        let of = |w: &Value| {
+            w["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| u(&x["tid"]) == tid)
+                .cloned()
+        };
+        for key in SUMMED {
+            let sum: u64 = windows.iter().filter_map(of).map(|x| u(&x[key])).sum();
+            assert_eq!(sum, u(&t[key]), "thread {tid}: {key} over the windows");
+        }
+        let slots = t["runq_wait_log2_hist"].as_array().unwrap().len();
+        for s in 0..slots {
+            let sum: u64 = windows
+                .iter()
+                .filter_map(of)
+                .map(|x| u(&x["runq_wait_log2_hist"][s]))
+                .sum();
+            assert_eq!(
+                sum,
+                u(&t["runq_wait_log2_hist"][s]),
+                "thread {tid}: slot {s}"
+            );
+        }
+        // Every window covers the whole of a thread alive through it.
+        for (i, w) in windows.iter().enumerate() {
+            let x = of(w).unwrap_or_else(|| panic!("thread {tid} missing from window {i}"));
+            let alive = u(&x["oncpu_ns"]) + u(&x["runq_wait_ns"]) + u(&x["blocked_ns"]);
+            let len = u(&w["duration_ns"]);
+            assert!(
+                alive.abs_diff(len) * 1000 <= len,
+                "thread {tid}, window {i}: {alive} of {len} ns"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_reports_the_partial_window_and_detaches_everything() {
+    let _guard = serial();
+    require_root();
+    let target = spinner();
+    let pid = target.id().to_string();
+    let before = tracer_programs();
+    let t = Tracer::start(&["watch", "-p", &pid, "-i", "1s", "--json", "--no-gpu"]);
+    std::thread::sleep(Duration::from_millis(2600));
+    t.signal(libc::SIGTERM);
+    let out = t.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert!(
+        (3..=4).contains(&windows.len()),
+        "2 whole windows and the partial one: {}",
+        out.stdout
+    );
+    let last = windows.last().unwrap();
+    assert_eq!(last["end_reason"], "interrupted");
+    let partial = u(&last["duration_ns"]);
+    assert!(partial < 1_000_000_000, "the partial window: {partial} ns");
+    assert!(!last["threads"].as_array().unwrap().is_empty());
+    assert_eq!(tracer_programs(), before, "every program detached");
+}
+
+#[test]
+fn sighup_reopens_the_log_for_rotation() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("hup");
+    let log = dir.join("watch.log");
+    let target = spinner();
+    let pid = target.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--no-gpu",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let rotated = dir.join("watch.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    t.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(2000));
+    t.signal(libc::SIGINT);
+    let out = t.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, "", "the windows went to the log");
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    let new = std::fs::read_to_string(&log).expect("reopened at SIGHUP");
+    assert_eq!(old.lines().count(), 1, "{old}");
+    assert!(new.lines().count() >= 2, "{new}");
+    for l in old.lines().chain(new.lines()) {
+        assert!(l.contains("scheduling") || l.contains("none"), "{l}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_watch_ends_when_the_process_given_exits() {
+    let _guard = serial();
+    require_root();
+    let mut target = spinner();
+    let pid = target.id().to_string();
+    let t = Tracer::start(&["watch", "-p", &pid, "-i", "1s", "--json", "--no-gpu"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = target.0.kill();
+    let _ = target.0.wait();
+    let out = t.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("PID {pid} (python3) exited: the watch ends")),
+        "{}",
+        out.stderr
+    );
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.last().unwrap()["end_reason"], "target_exited");
+}
+
+/// The unified hierarchy, where a test cgroup can be made.
+fn unified_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.subtree_control").exists())
+}
+
+#[test]
+fn a_service_restarted_in_its_cgroup_is_picked_up() {
+    let _guard = serial();
+    require_root();
+    let root = unified_root().expect("a cgroup v2 hierarchy");
+    let dir = root.join(format!("tracer-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let enter = |pid: u32| std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    let mut first = spinner();
+    let first_pid = first.id() as u64;
+    enter(first.id());
+    let t = Tracer::start(&[
+        "watch",
+        "--cgroup",
+        dir.to_str().unwrap(),
+        "-i",
+        "1s",
+        "--json",
+        "--no-gpu",
+    ]);
+    std::thread::sleep(Duration::from_millis(1300));
+    // The service restarts: the old process exits, a new one is started and put in the
+    // cgroup, as systemd does.
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    let second = Kill::group(
+        Command::new("python3")
+            .args(["-c", SPINNER])
+            .stdout(Stdio::null()),
+    );
+    let second_pid = second.id() as u64;
+    enter(second.id());
+    std::thread::sleep(Duration::from_millis(2500));
+    t.signal(libc::SIGINT);
+    let out = t.finish(Duration::from_secs(20));
+    for p in std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let _ = std::fs::write(root.join("cgroup.procs"), p);
+    }
+    drop(second);
+    let _ = std::fs::remove_dir(&dir);
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert!(windows.len() >= 3, "the watch went on: {}", out.stdout);
+    let on_cpu_of = |w: &Value, pid: u64| -> u64 {
+        w["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| u(&t["pid"]) == pid)
+            .map(|t| u(&t["oncpu_ns"]))
+            .sum()
+    };
+    let last = windows.last().unwrap();
+    let joined: Vec<u64> = last["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(&p["pid"]))
+        .collect();
+    assert!(
+        joined.contains(&second_pid),
+        "the new process joined: {joined:?}"
+    );
+    assert!(
+        on_cpu_of(last, second_pid) > 100_000_000,
+        "the new process ran in the last window: {last}"
+    );
+    assert_eq!(on_cpu_of(last, first_pid), 0, "the old process is gone");
+}
