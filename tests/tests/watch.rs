@@ -327,3 +327,101 @@ fn a_service_restarted_in_its_cgroup_is_picked_up() {
     );
     assert_eq!(on_cpu_of(last, first_pid), 0, "the old process is gone");
 }
+
+#[test]
+fn the_flight_recorder_writes_the_kept_windows_once_per_rate_limit() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("flight");
+    let target = spinner();
+    let pid = target.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--count",
+        "6",
+        "--json",
+        "--no-gpu",
+        "--keep",
+        "2s",
+        "--flight-dir",
+        dir.to_str().unwrap(),
+        "--trigger-every",
+        "1h",
+        "--no-auto-trigger",
+    ]);
+    // A storm of triggers in the third window: one file, the rest refused.
+    std::thread::sleep(Duration::from_millis(2400));
+    for _ in 0..5 {
+        t.signal(libc::SIGUSR1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    t.signal(libc::SIGUSR1);
+    let out = t.finish(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", out.stderr);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        2,
+        "one trace and its windows: {files:?}\n{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("--trigger-every): no file"),
+        "the later trigger refused: {}",
+        out.stderr
+    );
+    let trace = files
+        .iter()
+        .find(|f| f.extension() == Some("trace".as_ref()))
+        .unwrap();
+    let kept = std::fs::read_to_string(trace.with_extension("windows.jsonl")).unwrap();
+    let kept = lines(&kept);
+    assert_eq!(
+        kept.len(),
+        2,
+        "the last 2 s: two windows of 1 s\n{}",
+        out.stderr
+    );
+    // The file is the windows it kept, added up: `tracer report` reads it back.
+    let doc = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    let windows = lines(&out.stdout);
+    let first = windows
+        .iter()
+        .position(|w| w["start_ns"] == kept[0]["start_ns"])
+        .expect("the kept windows were printed");
+    let both = &windows[first..first + 2];
+    assert_eq!(both[1]["end_ns"], kept[1]["end_ns"]);
+    assert_eq!(doc["start_ns"], both[0]["start_ns"]);
+    assert_eq!(doc["end_ns"], both[1]["end_ns"]);
+    assert!(
+        u(&doc["events_received"]) > 0,
+        "the timeline is in the file"
+    );
+    for t in doc["threads"].as_array().unwrap() {
+        let tid = u(&t["tid"]);
+        for key in SUMMED {
+            let sum: u64 = both
+                .iter()
+                .filter_map(|w| {
+                    w["threads"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|x| u(&x["tid"]) == tid)
+                        .map(|x| u(&x[key]))
+                })
+                .sum();
+            assert_eq!(sum, u(&t[key]), "thread {tid}: {key}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

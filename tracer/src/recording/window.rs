@@ -205,6 +205,166 @@ impl Reported {
     }
 }
 
+/// Consecutive windows as one recording (the flight recorder's file): what they accounted,
+/// added up; the timeline's data (requests, pauses, wait kinds, bins) is not, since it is
+/// rebuilt from the records the file holds when it is read back. None for no window.
+pub fn merge(windows: &[Recording]) -> Option<Recording> {
+    let (first, rest) = windows.split_first()?;
+    let mut out = first.clone();
+    for w in rest {
+        add_window(&mut out, w);
+    }
+    Some(out)
+}
+
+fn add_thread(t: &mut ThreadRecord, w: &ThreadRecord) {
+    t.totals += w.totals;
+    t.runq_waits += w.runq_waits;
+    t.runq_wait_max_ns = t.runq_wait_max_ns.max(w.runq_wait_max_ns);
+    if t.runq_wait_log2_hist.len() < w.runq_wait_log2_hist.len() {
+        t.runq_wait_log2_hist.resize(w.runq_wait_log2_hist.len(), 0);
+    }
+    for (a, b) in t.runq_wait_log2_hist.iter_mut().zip(&w.runq_wait_log2_hist) {
+        *a += b;
+    }
+    match (t.counters.as_mut(), &w.counters) {
+        (Some(a), Some(b)) => {
+            for i in 0..a.scaled.len() {
+                a.scaled[i] += b.scaled[i];
+                a.raw[i] += b.raw[i];
+                a.enabled_ns[i] += b.enabled_ns[i];
+                a.running_ns[i] += b.running_ns[i];
+            }
+        }
+        (None, Some(b)) => t.counters = Some(b.clone()),
+        _ => {}
+    }
+    match (t.cuda.as_mut(), &w.cuda) {
+        (Some(a), Some(b)) => {
+            a.launches += b.launches;
+            a.sync_calls += b.sync_calls;
+            a.sync_ns += b.sync_ns;
+            a.sync_max_ns = a.sync_max_ns.max(b.sync_max_ns);
+        }
+        (None, Some(b)) => t.cuda = Some(b.clone()),
+        _ => {}
+    }
+    t.exited_ns = w.exited_ns;
+    t.comm = w.comm.clone();
+}
+
+fn add_window(out: &mut Recording, w: &Recording) {
+    out.end_ns = w.end_ns;
+    out.end_reason = w.end_reason;
+    out.target_exited_ns = w.target_exited_ns;
+    let mut threads: BTreeMap<u32, ThreadRecord> = std::mem::take(&mut out.threads)
+        .into_iter()
+        .map(|t| (t.tid, t))
+        .collect();
+    for t in &w.threads {
+        match threads.get_mut(&t.tid) {
+            // A TID another thread had before: the later one is listed (one record per TID).
+            Some(a) if t.created_ns.is_some() && a.exited_ns.is_some() => *a = t.clone(),
+            Some(a) => add_thread(a, t),
+            None => {
+                threads.insert(t.tid, t.clone());
+            }
+        }
+    }
+    out.threads = threads.into_values().collect();
+    for p in &w.preemptors {
+        match out
+            .preemptors
+            .iter_mut()
+            .find(|q| (q.pid, q.tgid) == (p.pid, p.tgid))
+        {
+            Some(q) => {
+                q.wait_ns += p.wait_ns;
+                q.slices += p.slices;
+            }
+            None => out.preemptors.push(p.clone()),
+        }
+    }
+    for r in &w.migration_routes {
+        let key = (r.tid, r.from_cpu, r.to_cpu);
+        match out
+            .migration_routes
+            .iter_mut()
+            .find(|q| (q.tid, q.from_cpu, q.to_cpu) == key)
+        {
+            Some(q) => q.count += r.count,
+            None => out.migration_routes.push(*r),
+        }
+    }
+    for k in &w.wakers {
+        let key = (k.tid, k.waker_tid, k.syscall);
+        match out
+            .wakers
+            .iter_mut()
+            .find(|q| (q.tid, q.waker_tid, q.syscall) == key)
+        {
+            Some(q) => {
+                q.blocked_ns += k.blocked_ns;
+                q.count += k.count;
+                q.max_ns = q.max_ns.max(k.max_ns);
+                for (a, b) in q.hist.iter_mut().zip(&k.hist) {
+                    *a += b;
+                }
+            }
+            None => out.wakers.push(k.clone()),
+        }
+    }
+    add_losses(&mut out.losses, &w.losses);
+    out.events_received += w.events_received;
+    match (out.gpu.as_mut(), &w.gpu) {
+        (Some(a), Some(b)) => {
+            // Each window starts from the last one's final poll: once is enough.
+            let last = a.polls.last().map(|p| p.t_ns);
+            a.polls
+                .extend(b.polls.iter().filter(|p| Some(p.t_ns) > last).cloned());
+            a.util_samples.extend_from_slice(&b.util_samples);
+            a.sampler_cpu_ns += b.sampler_cpu_ns;
+        }
+        (None, Some(b)) => out.gpu = Some(b.clone()),
+        _ => {}
+    }
+    let cgroups = std::iter::once(&mut out.cgroup)
+        .flatten()
+        .chain(out.other_cgroups.iter_mut());
+    let theirs = std::iter::once(&w.cgroup).flatten().chain(&w.other_cgroups);
+    for (a, b) in cgroups.zip(theirs) {
+        let last = a.samples.last().map(|s| s.t_ns);
+        a.samples
+            .extend(b.samples.iter().filter(|s| Some(s.t_ns) > last).cloned());
+    }
+    if let (Some(a), Some(b)) = (out.tracer_cost.as_mut(), &w.tracer_cost) {
+        a.cpu_ns += b.cpu_ns;
+        a.cpu_share = a.cpu_ns as f64 / (out.end_ns - out.start_ns).max(1) as f64;
+        a.peak_rss_bytes = a.peak_rss_bytes.max(b.peak_rss_bytes);
+    }
+    if let (Some(a), Some(b)) = (out.proc_counts.as_mut(), &w.proc_counts) {
+        a.end = b.end.clone();
+        a.steal_end = b.steal_end.clone();
+    }
+    out.children = w.children.clone();
+    out.processes = w.processes.clone();
+}
+
+fn add_losses(a: &mut Losses, b: &Losses) {
+    a.ringbuf_dropped += b.ringbuf_dropped;
+    a.thread_map_full += b.thread_map_full;
+    a.preemptor_map_full += b.preemptor_map_full;
+    a.migration_map_full += b.migration_map_full;
+    a.child_map_full += b.child_map_full;
+    a.waker_map_full += b.waker_map_full;
+    a.unseen_switch_ins += b.unseen_switch_ins;
+    a.unseen_switch_outs += b.unseen_switch_outs;
+    a.perf_read_failed += b.perf_read_failed;
+    a.clock_checks += b.clock_checks;
+    a.clock_error_ns += b.clock_error_ns;
+    a.late_records += b.late_records;
+}
+
 /// The longest synchronizing CUDA call of each thread in the window, from its spans.
 fn own_sync_max(rec: &Recording) -> BTreeMap<u32, u64> {
     let mut m: BTreeMap<u32, u64> = BTreeMap::new();
@@ -315,6 +475,33 @@ mod tests {
         reported.take(&mut c, 200);
         assert_eq!(c.threads[0].totals.time.oncpu_ns, 20);
         assert_eq!(c.threads[0].created_ns, Some(250));
+    }
+
+    #[test]
+    fn merged_windows_are_what_they_took_apart() {
+        let mut reported = Reported::default();
+        let readings = [(100, 60, 40, 3), (200, 125, 75, 5), (300, 160, 140, 9)];
+        let mut windows = vec![];
+        let mut start = 0;
+        for (end, oncpu, blocked, sw) in readings {
+            let mut r = rec(end, vec![thread(7, oncpu, blocked, sw)]);
+            reported.take(&mut r, start);
+            windows.push(r);
+            start = end;
+        }
+        let m = merge(&windows[1..]).expect("two windows");
+        assert_eq!((m.start_ns, m.end_ns), (100, 300));
+        let t = &m.threads[0].totals;
+        assert_eq!(
+            (
+                t.time.oncpu_ns,
+                t.time.blocked_ns,
+                t.switches.voluntary_switches
+            ),
+            (100, 100, 6),
+            "the last reading less the first window"
+        );
+        assert!(merge(&[]).is_none());
     }
 
     #[test]

@@ -129,6 +129,7 @@ pub struct Metrics {
     /// The last window's end, CLOCK_REALTIME seconds.
     last_window: FloatGauge,
     triggers: Counter,
+    flight_bytes: Gauge,
     /// The tracer's resident memory, as the watch loop last read it.
     rss_now: Arc<AtomicU64>,
 }
@@ -243,7 +244,15 @@ impl Metrics {
             "Flight-recorder triggers (SIGUSR1, POST /trigger, automatic)",
             triggers.clone(),
         );
+        let flight_bytes = Gauge::default();
+        r.register_with_unit(
+            "tracer_flight_recorder",
+            "Timeline records the flight recorder holds (--keep)",
+            Unit::Bytes,
+            flight_bytes.clone(),
+        );
         Self {
+            flight_bytes,
             registry: r,
             attributed,
             windows,
@@ -277,6 +286,10 @@ impl Metrics {
     /// The tracer's resident memory now, reported at the next scrape.
     pub fn set_rss(&self, bytes: u64) {
         self.rss_now.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn set_flight_bytes(&self, bytes: u64) {
+        self.flight_bytes.set(bytes as i64);
     }
 
     pub fn count_trigger(&self) {

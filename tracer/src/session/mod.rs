@@ -12,6 +12,7 @@ use tokio::{
 };
 mod assemble;
 mod cgroups;
+mod flight;
 mod wait;
 mod windows;
 
@@ -54,6 +55,9 @@ pub struct SessionOptions {
     pub output: Option<PathBuf>,
     /// Keep every timeline record in memory (for Perfetto and HTML outputs).
     pub keep_timeline: bool,
+    /// `tracer watch --keep`: hold the timeline records of the run's last stretch (the
+    /// kernel side then sends every state change).
+    pub flight: bool,
 }
 
 pub struct GpuSettings {
@@ -72,6 +76,34 @@ const SELF_CHECK_THREADS: usize = 4096;
 const DETACH_GRACE: Duration = Duration::from_millis(20);
 
 /// Opens a pidfd, which becomes readable when the process exits (Linux 5.3+).
+/// What a trace file says of the recording it holds, from `start`.
+fn trace_meta(
+    target: &Target,
+    host: &HostMeta,
+    probes: &SchedProbes,
+    start: u64,
+    bin_ns: u64,
+    threads: BTreeMap<u32, ThreadInfo>,
+) -> TraceMeta {
+    TraceMeta {
+        tracer_version: env!("CARGO_PKG_VERSION").into(),
+        target: assemble::target_meta(target),
+        host: host.clone(),
+        probe_mode: probes.mode(),
+        start_ns: start,
+        bin_ns,
+        counter_mask: probes.counter_mask,
+        threads,
+        pid_namespace: target
+            .pidns
+            .as_ref()
+            .map(|ns| crate::recording::PidNamespaceIds {
+                inode: ns.inode,
+                ids: ns.table(),
+            }),
+    }
+}
+
 /// The target's pidfd (opened when it was resolved), which becomes readable when it exits.
 fn exit_watch(target: &Target) -> Option<AsyncFd<OwnedFd>> {
     let fd = target.pidfd.as_ref()?.try_clone().ok()?;
@@ -144,6 +176,7 @@ pub struct Session<'o> {
     gpu_members: Members,
     bar: ProgressBar,
     windows: windows::Windows,
+    flight: Option<flight::FlightRing>,
 }
 
 /// What woke `Session::wait`.
@@ -201,7 +234,7 @@ impl<'o> Session<'o> {
         // The kernel side sends every state change only when something reads them: the kept
         // timeline or a trace file. Decided here, from the options that need them, so that no
         // caller can keep a timeline the probes do not feed.
-        let timeline = opts.keep_timeline || opts.output.is_some();
+        let timeline = opts.keep_timeline || opts.output.is_some() || opts.flight;
         let mut probes = SchedProbes::load(
             &targets.tgids(),
             targets.follow,
@@ -291,23 +324,14 @@ impl<'o> Session<'o> {
         let initial = targets.threads();
         let bin_ns = opts.bin.as_nanos() as u64;
         if let Some(w) = writer.as_mut() {
-            w.meta(&TraceMeta {
-                tracer_version: env!("CARGO_PKG_VERSION").into(),
-                target: assemble::target_meta(target),
-                host: host.clone(),
-                probe_mode: probes.mode(),
-                start_ns: start,
+            w.meta(&trace_meta(
+                target,
+                &host,
+                &probes,
+                start,
                 bin_ns,
-                counter_mask: probes.counter_mask,
-                threads: initial.clone(),
-                pid_namespace: target
-                    .pidns
-                    .as_ref()
-                    .map(|ns| crate::recording::PidNamespaceIds {
-                        inode: ns.inode,
-                        ids: ns.table(),
-                    }),
-            });
+                initial.clone(),
+            ));
         }
         if opts.notices {
             notices(&targets, opts, &probes, &perf, &sampler, initial.len());
@@ -348,6 +372,7 @@ impl<'o> Session<'o> {
             gpu_members,
             bar,
             windows: windows::Windows::new(start, cpu_at_start, whole_run),
+            flight: opts.flight.then(flight::FlightRing::default),
         })
     }
 

@@ -6,7 +6,9 @@ use anyhow::{Context as _, Result};
 use indicatif::ProgressBar;
 
 use super::{
-    Session, SessionOptions, TICK, Wake, members_joined,
+    Session, SessionOptions, TICK, Wake,
+    flight::FlightRing,
+    members_joined,
     windows::{Closing, Windows},
 };
 use crate::{
@@ -128,9 +130,10 @@ impl Session<'_> {
             closing,
             writer,
             windows,
+            flight,
             ..
         } = self;
-        probes.drain(|r| take(r, col, closing, writer, windows))
+        probes.drain(|r| take(r, col, closing, writer, windows, flight))
     }
 
     /// The records the CPUs had not sent yet, once the programs are detached.
@@ -143,6 +146,7 @@ impl Session<'_> {
                     &mut self.closing,
                     &mut self.writer,
                     &mut self.windows,
+                    &mut self.flight,
                 );
             }
         }
@@ -159,11 +163,18 @@ fn take(
     closing: &mut Option<Closing>,
     writer: &mut Option<TraceWriter>,
     windows: &mut Windows,
+    flight: &mut Option<FlightRing>,
 ) {
-    if let Some(w) = writer.as_mut() {
-        w.record(encode(&r));
-    }
     let t = r.ts_ns();
+    if writer.is_some() || flight.is_some() {
+        let bytes = encode(&r);
+        if let Some(w) = writer.as_mut() {
+            w.record(bytes);
+        }
+        if let Some(f) = flight.as_mut() {
+            f.push(t, bytes);
+        }
+    }
     match closing {
         Some(c) if t < c.end => c.col.on_record(r),
         Some(c) if c.start > t => windows.late += 1,

@@ -3,6 +3,7 @@
 //! flight recorder's triggers. The windows' accounts are what the kernel's running totals
 //! moved by (`recording::window`), so they add up to the whole run.
 
+mod flight;
 mod out;
 mod serve;
 
@@ -41,6 +42,28 @@ pub struct WatchArgs {
     /// reopens it (log rotation).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Flight recorder: hold the timeline of the last DUR (whole windows) in memory, and write
+    /// it to a trace file in --flight-dir when triggered: SIGUSR1, `POST /trigger` on the
+    /// --prometheus address, a window whose verdict is not `none`, or one whose p99 is over
+    /// --trigger-p99.
+    #[arg(long, value_name = "DUR", value_parser = crate::units::parse_duration)]
+    pub keep: Option<Duration>,
+    /// Where the flight recorder writes (tracer-PID-TIME.trace, and .windows.jsonl beside it).
+    #[arg(long, value_name = "DIR", default_value = ".", requires = "keep")]
+    pub flight_dir: PathBuf,
+    /// Trigger the flight recorder when a window's request p99 is over DUR.
+    #[arg(long, value_name = "DUR", requires = "keep", value_parser = crate::units::parse_duration)]
+    pub trigger_p99: Option<Duration>,
+    /// Write flight-recorder files only when asked (SIGUSR1, POST /trigger), not for a
+    /// window's verdict or p99.
+    #[arg(long, requires = "keep")]
+    pub no_auto_trigger: bool,
+    /// At most one flight-recorder file per DUR: a storm of triggers writes one.
+    #[arg(long, value_name = "DUR", default_value = "5m", value_parser = crate::units::parse_duration)]
+    pub trigger_every: Duration,
+    /// At most N flight-recorder files in all.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_files: u64,
     #[command(flatten)]
     pub record: RecordArgs,
 }
@@ -64,9 +87,19 @@ pub fn run(args: WatchArgs) -> Result<()> {
     if let Some(p) = &args.log {
         out::check(p)?;
     }
+    if args.keep.is_some() && !args.flight_dir.is_dir() {
+        return Err(crate::error::TracerError::Usage {
+            message: format!(
+                "--flight-dir {}: not a directory; give an existing directory to write to",
+                args.flight_dir.display()
+            ),
+        }
+        .into());
+    }
     let targets = args.target.resolve(&args.record)?;
     let mut opts = args.record.session_options(None);
     opts.progress = false;
+    opts.flight = args.keep.is_some();
     runtime()?.block_on(watch(&args, &targets, &opts))
 }
 
@@ -77,10 +110,13 @@ struct Sinks {
     latencies: Option<PathBuf>,
     metrics: Arc<Metrics>,
     windows: u64,
+    flight: Option<flight::Flight>,
 }
 
 impl Sinks {
-    fn window(&mut self, mut rec: Recording) -> Result<()> {
+    /// A closed window to every sink; `session`, while the run goes on, for the flight
+    /// recorder.
+    fn window(&mut self, mut rec: Recording, session: Option<&mut Session<'_>>) -> Result<()> {
         if let Some(p) = &self.latencies
             && let Err(e) = load_latencies(&mut rec, p)
         {
@@ -90,6 +126,13 @@ impl Sinks {
         self.metrics.set_rss(process::own_rss());
         self.metrics.add(&rec, &report);
         self.windows += 1;
+        if let (Some(f), Some(s)) = (self.flight.as_mut(), session) {
+            self.metrics.set_flight_bytes(s.flight_bytes() as u64);
+            if let Err(e) = f.window(s, &rec, &report) {
+                // The watch goes on: the next trigger may find room.
+                eprintln!("tracer: flight recorder: {e:#}");
+            }
+        }
         if self.json {
             self.out.json(&report)
         } else {
@@ -121,6 +164,16 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         latencies: args.record.requests.latencies.clone(),
         metrics,
         windows: 0,
+        flight: args.keep.map(|keep| {
+            flight::Flight::new(flight::Settings {
+                keep,
+                dir: args.flight_dir.clone(),
+                trigger_p99: args.trigger_p99,
+                auto: !args.no_auto_trigger,
+                every: args.trigger_every,
+                max_files: args.max_files,
+            })
+        }),
     };
     let mut next = tokio::time::Instant::now() + args.interval;
     let end_reason = loop {
@@ -134,11 +187,12 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
                 if let Some(stop) = lag(&mut session, &mut sinks).await? {
                     break stop;
                 }
-                sinks.window(session.end_cut()?)?;
+                let rec = session.end_cut()?;
+                sinks.window(rec, Some(&mut session))?;
                 next += args.interval;
             }
             Wake::Hangup => sinks.out.reopen()?,
-            Wake::Trigger => trigger(&sinks),
+            Wake::Trigger => trigger(&mut sinks),
             Wake::Interrupted => break EndReason::Interrupted,
             Wake::TargetExited => break EndReason::TargetExited,
         }
@@ -146,9 +200,9 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
     let finished = session.finish(end_reason).await?;
     drop(exporter);
     if let Some(c) = finished.cut {
-        sinks.window(c)?;
+        sinks.window(c, None)?;
     }
-    sinks.window(finished.last)?;
+    sinks.window(finished.last, None)?;
     if end_reason == EndReason::TargetExited && !args.record.quiet {
         let t = targets.primary();
         eprintln!(
@@ -177,9 +231,12 @@ async fn lag(session: &mut Session<'_>, sinks: &mut Sinks) -> Result<Option<EndR
     }
 }
 
-fn trigger(sinks: &Sinks) {
+fn trigger(sinks: &mut Sinks) {
     sinks.metrics.count_trigger();
-    eprintln!("tracer: trigger received, but there is no flight recorder to write (no --keep)");
+    match sinks.flight.as_mut() {
+        Some(f) => f.trigger(),
+        None => eprintln!("tracer: trigger received, but there is no flight recorder (no --keep)"),
+    }
 }
 
 /// A serde enum's name as the JSON document writes it.
