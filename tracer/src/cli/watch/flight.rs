@@ -22,6 +22,8 @@ use crate::{
 
 pub struct Settings {
     pub keep: Duration,
+    /// The windows' length: `keep` is held as whole windows, as many as cover it.
+    pub interval: Duration,
     pub dir: PathBuf,
     pub trigger_p99: Option<Duration>,
     /// Windows trigger files themselves (their verdict, their p99).
@@ -69,10 +71,15 @@ impl Flight {
     ) -> Result<Option<PathBuf>> {
         let doc = serde_json::to_string(report)?;
         self.windows.push_back((rec.clone(), doc));
-        // Whole windows, the last `keep` of them (at least the one just closed).
-        while self.windows.len() > 1
-            && rec.end_ns - self.windows[1].0.start_ns >= self.s.keep.as_nanos() as u64
-        {
+        // Whole windows, as many as cover `keep` (window lengths wander by milliseconds: by
+        // count, not by their sum).
+        let n = (self
+            .s
+            .keep
+            .as_nanos()
+            .div_ceil(self.s.interval.as_nanos().max(1)) as usize)
+            .max(1);
+        while self.windows.len() > n {
             self.windows.pop_front();
         }
         let oldest = self.windows.front().map_or(rec.start_ns, |w| w.0.start_ns);

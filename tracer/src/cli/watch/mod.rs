@@ -167,6 +167,7 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         flight: args.keep.map(|keep| {
             flight::Flight::new(flight::Settings {
                 keep,
+                interval: args.interval,
                 dir: args.flight_dir.clone(),
                 trigger_p99: args.trigger_p99,
                 auto: !args.no_auto_trigger,
