@@ -236,7 +236,7 @@ fn add_thread(t: &mut ThreadRecord, w: &ThreadRecord) {
                 a.running_ns[i] += b.running_ns[i];
             }
         }
-        (None, Some(b)) => t.counters = Some(b.clone()),
+        (None, Some(b)) => t.counters = Some(*b),
         _ => {}
     }
     match (t.cuda.as_mut(), &w.cuda) {
@@ -246,7 +246,7 @@ fn add_thread(t: &mut ThreadRecord, w: &ThreadRecord) {
             a.sync_ns += b.sync_ns;
             a.sync_max_ns = a.sync_max_ns.max(b.sync_max_ns);
         }
-        (None, Some(b)) => t.cuda = Some(b.clone()),
+        (None, Some(b)) => t.cuda = Some(*b),
         _ => {}
     }
     t.exited_ns = w.exited_ns;

@@ -238,7 +238,14 @@ pub fn recording(
         counters,
         cuda,
         waits: col.take_waits(),
-        end_counts: w.proc_counts.end.clone(),
+        // A window cut while the programs run (`tracer watch`): the counts read just after its
+        // end have moved on with switches the next window has, which `close_thread` would take
+        // for switches no tracepoint reported. The last window, closed after detaching, uses
+        // them, so the run's total is repaired there.
+        end_counts: match w.end_reason {
+            EndReason::Window => BTreeMap::new(),
+            _ => w.proc_counts.end.clone(),
+        },
     };
     let threads = assemble_threads(inputs, w.start, w.end);
     let mut cgroups = w.cgroups.into_iter();

@@ -20,8 +20,8 @@ pub use windows::{CUT_LAG, Finished};
 
 use crate::{
     recording::{
-        Capability, EndReason, HostMeta, ProcCounts, Recording, ThreadInfo, cgroup::CgroupSample,
-        children::ChildSnapshot, collect::Collector, counters::slot_name,
+        Capability, EndReason, HostMeta, Recording, ThreadInfo, cgroup::CgroupSample,
+        collect::Collector, counters::slot_name,
     },
     sources::{
         cgroup::ThrottleSet,
@@ -157,14 +157,8 @@ pub struct Session<'o> {
     cpu_at_start: u64,
     /// The threads /proc listed just after attaching.
     initial: BTreeMap<u32, ThreadInfo>,
-    /// The /proc side at the start of the current window: the threads' own counts, steal
-    /// time, the untraced children.
-    counts: (
-        BTreeMap<u32, ProcCounts>,
-        u64,
-        Vec<(u32, u64)>,
-        Vec<ChildSnapshot>,
-    ),
+    /// The /proc side at the start of the current window.
+    counts: windows::ProcSide,
     /// The timeline data of the current window, and of the one being cut (records still
     /// arriving from other CPUs' batches go to the window their time falls in).
     col: Collector,
@@ -313,12 +307,12 @@ impl<'o> Session<'o> {
         // The threads' own counts, as near the window's start as can be: the self-check
         // compares the recording with what they add up to over the window.
         let (counts_start, left_out) = targets.thread_counts(SELF_CHECK_THREADS);
-        let counts = (
-            counts_start,
+        let counts = windows::ProcSide {
+            counts: counts_start,
             left_out,
-            process::cpu_steal(),
-            targets.children(),
-        );
+            steal: process::cpu_steal(),
+            children: targets.children(),
+        };
         // Listed after attaching: a thread created since is seen by the probes, so none is
         // missed.
         let initial = targets.threads();

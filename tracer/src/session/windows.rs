@@ -32,11 +32,7 @@ pub struct Closing {
     pub end: u64,
     pub col: Collector,
     kernel: assemble::Kernel,
-    proc_end: (
-        std::collections::BTreeMap<u32, crate::recording::ProcCounts>,
-        Vec<(u32, u64)>,
-    ),
-    children_end: Vec<crate::recording::children::ChildSnapshot>,
+    proc_end: ProcSide,
     gpu: Option<GpuRecording>,
     cgroups: Vec<Vec<crate::recording::cgroup::CgroupSample>>,
     cpu_end: u64,
@@ -46,6 +42,29 @@ pub struct Closing {
 pub struct Finished {
     pub cut: Option<Recording>,
     pub last: Recording,
+}
+
+/// The /proc side at a window's edge: the threads' own counts (the first
+/// `SELF_CHECK_THREADS`, and how many were left out), each CPU's steal time, the untraced
+/// children.
+#[derive(Clone)]
+pub struct ProcSide {
+    pub counts: std::collections::BTreeMap<u32, crate::recording::ProcCounts>,
+    pub left_out: u64,
+    pub steal: Vec<(u32, u64)>,
+    pub children: Vec<crate::recording::children::ChildSnapshot>,
+}
+
+impl ProcSide {
+    fn read(session: &Session<'_>) -> Self {
+        let (counts, left_out) = session.targets.thread_counts(SELF_CHECK_THREADS);
+        Self {
+            counts,
+            left_out,
+            steal: process::cpu_steal(),
+            children: session.targets.children(),
+        }
+    }
 }
 
 /// What the windows so far have reported, and what the whole run keeps for its trace file.
@@ -119,9 +138,7 @@ impl Session<'_> {
         let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, None)?;
         // After the reading: every account read was up to date at some instant before it.
         let end = monotonic_ns();
-        let (counts_end, _) = self.targets.thread_counts(SELF_CHECK_THREADS);
-        let proc_end = (counts_end, process::cpu_steal());
-        let children_end = self.targets.children();
+        let proc_end = ProcSide::read(self);
         let mut cgroups = std::mem::take(&mut self.throttling);
         for (i, (t, _)) in self.throttle.0.iter().enumerate() {
             if let Some(s) = t.sample(end) {
@@ -141,7 +158,6 @@ impl Session<'_> {
             col,
             kernel,
             proc_end,
-            children_end,
             gpu,
             cgroups,
             cpu_end: process::own_usage().0,
@@ -163,7 +179,6 @@ impl Session<'_> {
             gpu_capability,
             c.cgroups,
             c.proc_end,
-            c.children_end,
         );
         let rec = self.window_of(c.kernel, c.col, ended, c.cpu_end)?;
         // Threads that ended before this window's end have been reported in full.
@@ -225,22 +240,9 @@ impl Session<'_> {
         gpu: Option<GpuRecording>,
         gpu_capability: crate::recording::Capability,
         cgroups: Vec<Vec<crate::recording::cgroup::CgroupSample>>,
-        proc_end: (
-            std::collections::BTreeMap<u32, crate::recording::ProcCounts>,
-            Vec<(u32, u64)>,
-        ),
-        children_end: Vec<crate::recording::children::ChildSnapshot>,
+        proc_end: ProcSide,
     ) -> assemble::Ended {
-        let (counts_start, left_out, steal_start, children_start) = std::mem::replace(
-            &mut self.counts,
-            (
-                proc_end.0.clone(),
-                0,
-                proc_end.1.clone(),
-                children_end.clone(),
-            ),
-        );
-        self.counts.1 = left_out;
+        let start = std::mem::replace(&mut self.counts, proc_end.clone());
         assemble::Ended {
             start: self.start,
             end,
@@ -267,13 +269,13 @@ impl Session<'_> {
                 .collect(),
             host: self.host.clone(),
             proc_counts: ProcWindow {
-                start: counts_start,
-                end: proc_end.0,
-                left_out,
-                steal_start,
-                steal_end: proc_end.1,
+                start: start.counts,
+                end: proc_end.counts,
+                left_out: start.left_out,
+                steal_start: start.steal,
+                steal_end: proc_end.steal,
             },
-            children: (children_start, children_end),
+            children: (start.children, proc_end.children),
         }
     }
 
@@ -290,9 +292,7 @@ impl Session<'_> {
         });
         self.probes.detach_sched();
         let end = monotonic_ns();
-        let (counts_end, _) = self.targets.thread_counts(SELF_CHECK_THREADS);
-        let proc_end = (counts_end, process::cpu_steal());
-        let children_end = self.targets.children();
+        let proc_end = ProcSide::read(&self);
         // The CUDA accounting as of the window's end; the uprobes come off after (slowly).
         let cuda_at_end = self.probes.cuda_threads()?;
         self.probes.detach_uprobes();
@@ -326,15 +326,7 @@ impl Session<'_> {
             }
             Err(cap) => (None, cap),
         };
-        let ended = self.ended(
-            end,
-            end_reason,
-            gpu,
-            gpu_capability,
-            cgroups,
-            proc_end,
-            children_end,
-        );
+        let ended = self.ended(end, end_reason, gpu, gpu_capability, cgroups, proc_end);
         let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, Some(cuda_at_end))?;
         let col = std::mem::replace(&mut self.col, Collector::new(end, 1, false));
         let cpu_end = process::own_usage().0;

@@ -521,7 +521,7 @@ fn take_recording(
         devices: fixed.devices.clone(),
         selection: fixed.selection.clone(),
         interval_ns: fixed.interval_ns,
-        clock: fixed.clock.clone(),
+        clock: fixed.clock,
         polls: taken,
         util_samples,
         sampler_cpu_ns: 0,
