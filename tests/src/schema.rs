@@ -86,6 +86,7 @@ mod tests {
             "mechanism_data": {"by": [{"kind": "target", "name": "server", "pids": [7],
                                         "process_count": 1, "wait_share": 0.5}]},
             "share": 1.0,
+            "attributed_ns": 1000.0,
             "evidence": "e",
             "acts_in": {"pid": 7, "role": "server", "comm": "server", "share": 1.0},
             "advice": "a"
