@@ -25,6 +25,14 @@ pub fn write_json(s: &impl serde::Serialize, out: impl Write) -> std::io::Result
     out.flush()
 }
 
+/// A serde enum's name as the JSON document writes it (`scheduling`, `same_process`).
+pub fn serde_name(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|x| x.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
 /// The same document on one line (`tracer watch --json`: JSON lines, a document per window).
 pub fn write_json_line(s: &impl serde::Serialize, out: impl Write) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(out);

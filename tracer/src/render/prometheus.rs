@@ -312,7 +312,7 @@ impl Metrics {
         };
         for c in &v.causes {
             let labels = CauseLabels {
-                cause: name_of(&c.cause()),
+                cause: super::serde_name(&c.cause()),
                 mechanism_id: c.mechanism.id().to_string(),
                 process_role: c
                     .acts_in
@@ -325,7 +325,7 @@ impl Metrics {
         }
         self.windows
             .get_or_create(&PrimaryLabels {
-                primary: name_of(&v.primary),
+                primary: super::serde_name(&v.primary),
             })
             .inc();
         self.window_seconds.inc_by(s.duration_ns as f64 / 1e9);
@@ -345,7 +345,7 @@ impl Metrics {
             self.blocked
                 .get_or_create(&WakerLabels {
                     process_role: role_of(pid),
-                    waker: name_of(&kind),
+                    waker: super::serde_name(&kind),
                 })
                 .add(w.blocked_ns, &w.hist);
         }
@@ -400,14 +400,6 @@ impl Metrics {
             }
         }
     }
-}
-
-/// A serde enum's name as the JSON document writes it (`scheduling`, `same_process`).
-fn name_of(v: &impl serde::Serialize) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|x| x.as_str().map(String::from))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(test)]

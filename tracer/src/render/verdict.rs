@@ -21,10 +21,7 @@ pub fn render(r: &Report, out: &mut String) {
         };
         let _ = writeln!(out, "\nCauses, ranked (share {of}):");
         for (i, c) in v.causes.iter().enumerate() {
-            let cause = serde_json::to_value(c.cause())
-                .ok()
-                .and_then(|x| x.as_str().map(String::from))
-                .unwrap_or_default();
+            let cause = super::serde_name(&c.cause());
             let place = match &c.acts_in {
                 Some(a) if s.processes.len() > 1 => {
                     format!(" in {a}, {} of it", crate::units::pct(a.share))

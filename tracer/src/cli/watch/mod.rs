@@ -19,7 +19,7 @@ use super::{
 use crate::{
     analysis::{Report, analyze},
     recording::{EndReason, Recording, printable},
-    render::prometheus::Metrics,
+    render::{prometheus::Metrics, serde_name},
     session::{CUT_LAG, Session, SessionOptions, Wake, runtime},
     sources::{process, targets::Targets},
 };
@@ -240,14 +240,6 @@ fn trigger(sinks: &mut Sinks) {
     }
 }
 
-/// A serde enum's name as the JSON document writes it.
-fn name(v: &impl serde::Serialize) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|x| x.as_str().map(String::from))
-        .unwrap_or_default()
-}
-
 /// A window in one line: when it ended, how long it was, the primary cause with its share,
 /// the requests' p99 when known, and the top mechanism.
 fn line(rec: &Recording, r: &Report) -> String {
@@ -260,8 +252,12 @@ fn line(rec: &Recording, r: &Report) -> String {
         crate::units::dur(s.duration_ns)
     );
     match v.causes.first() {
-        Some(c) => out.push_str(&format!("{} {:.0}%", name(&c.cause()), c.share * 100.0)),
-        None => out.push_str(&name(&v.primary)),
+        Some(c) => out.push_str(&format!(
+            "{} {:.0}%",
+            serde_name(&c.cause()),
+            c.share * 100.0
+        )),
+        None => out.push_str(&serde_name(&v.primary)),
     }
     if let Some(q) = &s.requests {
         out.push_str(&format!(
