@@ -26,6 +26,7 @@ use crate::{
 };
 
 /// How the window went, and what was gathered outside the kernel maps.
+#[derive(Clone)]
 pub struct Ended {
     /// Where the accounts are closed from: the run's start.
     pub start: u64,
@@ -33,8 +34,6 @@ pub struct Ended {
     pub end_reason: EndReason,
     pub target_exited_ns: Option<u64>,
     pub initial: BTreeMap<u32, ThreadInfo>,
-    /// The threads reaped from the kernel's maps.
-    pub finished: Reaped,
     pub gpu: Option<GpuRecording>,
     pub gpu_capability: Capability,
     /// One per distinct cgroup of the members, the first member's first.

@@ -213,7 +213,7 @@ impl Session<'_> {
                 w[i].extend(cg.samples.iter().cloned());
             }
         }
-        if let (Some(g), true) = (&rec.gpu, self.writer.is_some()) {
+        if let (Some(g), true) = (&rec.gpu, self.windows.whole_cgroups.is_some()) {
             append_gpu(&mut self.windows.whole_gpu, g);
         }
         let start = self.windows.window_start;
@@ -249,11 +249,6 @@ impl Session<'_> {
             end_reason,
             target_exited_ns: self.target_exited_ns,
             initial: self.initial.clone(),
-            finished: Reaped {
-                stats: self.finished.stats.clone(),
-                counters: self.finished.counters.clone(),
-                cuda: self.finished.cuda.clone(),
-            },
             gpu,
             gpu_capability,
             cgroups: self
@@ -326,32 +321,40 @@ impl Session<'_> {
             }
             Err(cap) => (None, cap),
         };
-        let ended = self.ended(end, end_reason, gpu, gpu_capability, cgroups, proc_end);
+        let mut ended = self.ended(end, end_reason, gpu, gpu_capability, cgroups, proc_end);
         let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, Some(cuda_at_end))?;
         let col = std::mem::replace(&mut self.col, Collector::new(end, 1, false));
         let cpu_end = process::own_usage().0;
-        let whole = if self.writer.is_some() && self.windows.cut_any() {
-            // The whole run, as its trace file's final frame: the same accounts before the
-            // last window's are taken off.
-            let mut whole = assemble::recording(
-                &self.targets,
-                &self.probes,
-                kernel.clone(),
-                Collector::new(self.start, 1, false),
-                self.clone_ended(&ended),
-            )?;
-            let mut gpu = self.windows.whole_gpu.take();
-            if let Some(g) = &ended.gpu {
-                append_gpu(&mut gpu, g);
-            }
-            whole.gpu = gpu;
-            Some(whole)
-        } else {
-            None
-        };
+        // Windows were cut and a trace file is written: its final frame is the whole run, from
+        // the same accounts before the last window's are taken off. Without cuts the last
+        // window is the run, and nothing whole is kept.
+        if !self.windows.cut_any() {
+            self.windows.whole_cgroups = None;
+        }
+        let whole_parts = self.windows.whole_cgroups.is_some().then(|| {
+            // Its GPU samples are the windows' put together, not this one's again.
+            let gpu = ended.gpu.take();
+            let whole_ended = ended.clone();
+            ended.gpu = gpu;
+            (kernel.clone(), whole_ended)
+        });
         let cpu_total = cpu_end - self.cpu_at_start;
+        // Adds this window's GPU and cgroup samples to the whole run's.
         let mut rec = self.window_of(kernel, col, ended, cpu_end)?;
-        let mut whole = whole;
+        let mut whole = match whole_parts {
+            Some((kernel, whole_ended)) => {
+                let mut w = assemble::recording(
+                    &self.targets,
+                    &self.probes,
+                    kernel,
+                    Collector::new(self.start, 1, false),
+                    whole_ended,
+                )?;
+                w.gpu = self.windows.whole_gpu.take();
+                Some(w)
+            }
+            None => None,
+        };
         if let (Some(w), Some(all)) = (whole.as_mut(), self.windows.whole_cgroups.take()) {
             let mut all = all.into_iter();
             for cg in std::iter::once(&mut w.cgroup)
@@ -368,28 +371,6 @@ impl Session<'_> {
         }
         self.write_trace(&mut rec, whole.as_ref())?;
         Ok(Finished { cut, last: rec })
-    }
-
-    /// The same window ends for another assembly (the whole run's, with the last window's).
-    fn clone_ended(&self, e: &assemble::Ended) -> assemble::Ended {
-        assemble::Ended {
-            start: e.start,
-            end: e.end,
-            end_reason: e.end_reason,
-            target_exited_ns: e.target_exited_ns,
-            initial: e.initial.clone(),
-            finished: Reaped {
-                stats: e.finished.stats.clone(),
-                counters: e.finished.counters.clone(),
-                cuda: e.finished.cuda.clone(),
-            },
-            gpu: None,
-            gpu_capability: e.gpu_capability.clone(),
-            cgroups: e.cgroups.clone(),
-            host: e.host.clone(),
-            proc_counts: e.proc_counts.clone(),
-            children: e.children.clone(),
-        }
     }
 
     /// Finishes the trace file with the whole run (`whole`, else `rec`, the only window).
