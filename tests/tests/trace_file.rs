@@ -17,7 +17,8 @@ use std::{
 };
 
 use tracer_tests::{
-    Testload, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial, u,
+    Testload, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial,
+    tracer_programs, u,
 };
 
 fn scratch(name: &str) -> PathBuf {
@@ -286,7 +287,7 @@ fn sigkill_leaves_a_recoverable_partial_trace_and_no_probes() {
     let load = Testload::spawn(&["mixed", "2"]);
     let pid = load.pid.to_string();
     let trace = dir.join("killed.trace");
-    let before = bpf_programs();
+    let before = tracer_programs();
     let tracer = Tracer::start(&[
         "attach",
         "--pid",
@@ -318,11 +319,11 @@ fn sigkill_leaves_a_recoverable_partial_trace_and_no_probes() {
     // The kernel dropped the probes with the process's file descriptors. It frees them from a
     // deferred work item, so they may take a moment to vanish from the list.
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while bpf_programs() != before && std::time::Instant::now() < deadline {
+    while tracer_programs() != before && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(
-        bpf_programs(),
+        tracer_programs(),
         before,
         "BPF programs left attached after SIGKILL"
     );
@@ -343,27 +344,6 @@ fn sigkill_leaves_a_recoverable_partial_trace_and_no_probes() {
         out.stderr
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Names of the loaded BPF programs that are the tracer's (bpftool).
-fn bpf_programs() -> Vec<String> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show"])
-        .output()
-        .expect("bpftool");
-    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split(" name ").nth(1))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|n| {
-            ["sched_", "cuda_", "task_", "request_"]
-                .iter()
-                .any(|p| n.starts_with(p))
-        })
-        .map(String::from)
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]
