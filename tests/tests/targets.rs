@@ -262,14 +262,21 @@ fn switches_no_tracepoint_reports_are_accounted_or_named() {
         );
         assert!(on <= window, "tid {tid}: {on} ns in a {window} ns window");
     }
-    // The threads' own counters are read at their traced events: a thread of PID 1 with none
-    // in the window (all its switches and wakeups unreported: vsock-console, 4 switches, once
-    // in 15 runs) cannot be put right, and the self-check must name it. Every other thread
-    // agrees with the kernel.
+    // The threads' own counters are read at their traced switches: a thread of PID 1 with
+    // none in the window (its switches unreported: vsock-console, 4 switches, once in 15
+    // runs; once with one wakeup traced, before them) cannot be put right, and the
+    // self-check must name it, as a shortfall. Every other thread agrees with the kernel.
     for d in doc["self_check"]["disagreements"].as_array().unwrap() {
         let t = thread_json(&doc, u(&d["tid"]) as u32);
-        let events = u(&t["voluntary_switches"]) + u(&t["involuntary_switches"]) + u(&t["wakeups"]);
-        assert_eq!(events, 0, "a thread with traced events disagrees: {d} {t}");
+        let switches = u(&t["voluntary_switches"]) + u(&t["involuntary_switches"]);
+        assert_eq!(
+            switches, 0,
+            "a thread with traced switches disagrees: {d} {t}"
+        );
+        assert!(
+            u(&d["recorded"]) < u(&d["kernel"]),
+            "more than the kernel counted: {d}"
+        );
     }
     if u(&doc["losses"]["unseen_switch_outs"]) == 0 {
         eprintln!("this host reports every switch of PID 1: the classic check below is moot here");
