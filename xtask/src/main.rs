@@ -155,6 +155,8 @@ fn test(args: &[String]) -> Result<()> {
             loops: 0,
             quick: true,
             many_threads_only: false,
+            watch_only: false,
+            soak_s: 0,
             tracer: None,
         })?;
         // And that the trace reader survives a short fuzzing run.

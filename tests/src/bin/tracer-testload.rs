@@ -9,6 +9,9 @@
 //!
 //! `tracer-testload many THREADS` is different: that many threads, active from the start
 //! (`many_threads`), `ready pid=P threads=N` once all exist, and the exit at end of input.
+//! So is `tracer-testload paced RATE THREADS`: THREADS/2 pairs of threads passing a byte
+//! back and forth over pipes, RATE round trips a second in all (`paced`), for `cargo xtask
+//! bench`'s cost of `tracer watch`.
 
 use std::{
     io::{BufRead, Write},
@@ -250,6 +253,56 @@ extern "C" fn many_thread(index: *mut libc::c_void) -> *mut libc::c_void {
     std::ptr::null_mut()
 }
 
+/// `paced RATE THREADS`: each pair's first thread sends a byte and waits for the answer, its
+/// round trips spread over slots of 1 ms (or more), sleeping out the rest of each slot. On one CPU a round
+/// trip is two context switches, and each slot's sleep one more per pair: the bench counts
+/// the switches in /proc, not from RATE.
+fn paced(rate: u64, threads: usize) {
+    let pairs = (threads / 2).max(1) as u64;
+    // Slots of 1 ms, or longer with one round trip each when a pair makes fewer than 1000.
+    let per_pair = (rate / pairs).max(1);
+    let (per_slot, slot_us) = if per_pair >= 1000 {
+        (per_pair / 1000, 1000)
+    } else {
+        (1, 1_000_000 / per_pair)
+    };
+    for _ in 0..pairs {
+        let (mut from_a, mut to_b) = std::io::pipe().expect("pipe");
+        let (mut from_b, mut to_a) = std::io::pipe().expect("pipe");
+        thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            while std::io::Read::read_exact(&mut from_a, &mut byte).is_ok() {
+                if to_a.write_all(&byte).is_err() {
+                    break;
+                }
+            }
+        });
+        thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            let start = Instant::now();
+            for slot in 1u32.. {
+                for _ in 0..per_slot {
+                    to_b.write_all(&byte).expect("pipe");
+                    std::io::Read::read_exact(&mut from_b, &mut byte).expect("pipe");
+                }
+                let at = start + Duration::from_micros(slot_us * u64::from(slot));
+                thread::sleep(at.saturating_duration_since(Instant::now()));
+            }
+        });
+    }
+    say(&format!(
+        "ready pid={} threads={}",
+        std::process::id(),
+        2 * pairs
+    ));
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+    }
+    std::process::exit(0);
+}
+
 /// `many THREADS`. The threads are bare pthreads: a std thread maps four areas (stack, alternate
 /// signal stack and their guard pages), and 20,000 of them would pass the default
 /// vm.max_map_count of 65,530; a pthread with a small stack maps two.
@@ -292,6 +345,13 @@ fn say(line: &str) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().map(String::as_str).unwrap_or("mixed");
+    if scenario == "paced" {
+        let arg = |i: usize| args.get(i).and_then(|s| s.parse().ok());
+        paced(
+            arg(1).expect("paced RATE THREADS"),
+            arg(2).expect("paced RATE THREADS") as usize,
+        );
+    }
     if scenario == "many" {
         many_threads(
             args.get(1)

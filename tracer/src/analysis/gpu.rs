@@ -91,9 +91,11 @@ pub struct ClockViolationShare {
     pub share: f64,
 }
 
-/// Each policy's violation time between the first and the last poll.
+/// Each policy's violation time between the first and the last poll that read the counters
+/// (once a second and at the window's end: they are costly).
 fn violations(polls: &[&GpuPoll]) -> Vec<ClockViolationShare> {
-    let (Some(a), Some(b)) = (polls.first(), polls.last()) else {
+    let mut read = polls.iter().filter(|p| !p.violation_ns.is_empty());
+    let (Some(a), Some(b)) = (read.next(), read.next_back()) else {
         return vec![];
     };
     let span = b.t_ns.saturating_sub(a.t_ns).max(1) as f64;

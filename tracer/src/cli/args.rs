@@ -235,7 +235,7 @@ impl RecordArgs {
             output: self.output.clone(),
             // Requests are decomposed on the timeline.
             keep_timeline: self.outputs.need_timeline() || self.requests.wanted(),
-            flight: false,
+            flight: None,
         }
     }
 }

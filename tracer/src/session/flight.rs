@@ -28,13 +28,26 @@ struct Chunk {
     bytes: Vec<u8>,
 }
 
-#[derive(Default)]
 pub struct FlightRing {
     chunks: VecDeque<Chunk>,
     held: usize,
+    /// At most this many bytes held (`--keep-max-mib`): past it the oldest chunks go early.
+    cap: usize,
+    /// The latest record time in a chunk that went early: records up to it may be missing,
+    /// those after it are all here (a chunk holds no record later than its `max_ts`).
+    evicted_to: Option<u64>,
 }
 
 impl FlightRing {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            chunks: VecDeque::new(),
+            held: 0,
+            cap: cap.max(CHUNK_BYTES),
+            evicted_to: None,
+        }
+    }
+
     pub fn push(&mut self, ts: u64, record: &[u8]) {
         let fits = self
             .chunks
@@ -50,6 +63,16 @@ impl FlightRing {
         c.max_ts = c.max_ts.max(ts);
         c.bytes.extend_from_slice(record);
         self.held += record.len();
+        while self.held > self.cap && self.chunks.len() > 1 {
+            let c = self.chunks.pop_front().expect("more than one");
+            self.held -= c.bytes.len();
+            self.evicted_to = Some(self.evicted_to.unwrap_or(0).max(c.max_ts));
+        }
+    }
+
+    /// Records after this time are all held; before it, some went to the memory ceiling.
+    pub fn complete_after(&self) -> Option<u64> {
+        self.evicted_to
     }
 
     /// Drops the chunks whose every record is older than `t`.
@@ -95,6 +118,12 @@ impl Session<'_> {
         w.finish(rec)
     }
 
+    /// The time after which the flight recorder holds every record (None: all it was asked
+    /// to keep; no flight recorder, None too).
+    pub fn flight_complete_after(&self) -> Option<u64> {
+        self.flight.as_ref().and_then(FlightRing::complete_after)
+    }
+
     /// Bytes the flight recorder holds (0 without one).
     pub fn flight_bytes(&self) -> usize {
         self.flight.as_ref().map_or(0, FlightRing::held)
@@ -114,7 +143,7 @@ mod tests {
 
     #[test]
     fn whole_chunks_age_out() {
-        let mut ring = FlightRing::default();
+        let mut ring = FlightRing::new(usize::MAX);
         let rec = [0u8; 32];
         // 3 chunks' worth, times 0..n.
         let n = 3 * CHUNK_BYTES / 32;
@@ -130,5 +159,21 @@ mod tests {
         );
         ring.forget_before(u64::MAX);
         assert_eq!(ring.held(), 0);
+        assert_eq!(ring.complete_after(), None, "nothing went early");
+    }
+
+    #[test]
+    fn the_ceiling_drops_the_oldest_chunks_and_says_from_when() {
+        let mut ring = FlightRing::new(2 * CHUNK_BYTES);
+        let rec = [0u8; 32];
+        let per_chunk = (CHUNK_BYTES / 32) as u64;
+        for t in 0..5 * per_chunk {
+            ring.push(t, &rec);
+        }
+        assert!(ring.held() <= 2 * CHUNK_BYTES, "{}", ring.held());
+        let after = ring.complete_after().expect("chunks went early");
+        // Everything after `after` is held: 5 chunks pushed, at most 2 held.
+        assert_eq!(after, 3 * per_chunk - 1);
+        assert_eq!(ring.held() as u64, (5 * per_chunk - after - 1) * 32);
     }
 }

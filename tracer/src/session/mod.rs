@@ -56,8 +56,8 @@ pub struct SessionOptions {
     /// Keep every timeline record in memory (for Perfetto and HTML outputs).
     pub keep_timeline: bool,
     /// `tracer watch --keep`: hold the timeline records of the run's last stretch (the
-    /// kernel side then sends every state change).
-    pub flight: bool,
+    /// kernel side then sends every state change), at most this many bytes of them.
+    pub flight: Option<usize>,
 }
 
 pub struct GpuSettings {
@@ -228,7 +228,7 @@ impl<'o> Session<'o> {
         // The kernel side sends every state change only when something reads them: the kept
         // timeline or a trace file. Decided here, from the options that need them, so that no
         // caller can keep a timeline the probes do not feed.
-        let timeline = opts.keep_timeline || opts.output.is_some() || opts.flight;
+        let timeline = opts.keep_timeline || opts.output.is_some() || opts.flight.is_some();
         let mut probes = SchedProbes::load(
             &targets.tgids(),
             targets.follow,
@@ -366,7 +366,7 @@ impl<'o> Session<'o> {
             gpu_members,
             bar,
             windows: windows::Windows::new(start, cpu_at_start, whole_run),
-            flight: opts.flight.then(flight::FlightRing::default),
+            flight: opts.flight.map(flight::FlightRing::new),
         })
     }
 

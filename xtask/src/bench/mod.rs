@@ -28,6 +28,7 @@ use crate::{as_root, cargo, run, setup, workspace_root};
 
 mod stats;
 mod threads;
+mod watch;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -43,6 +44,12 @@ pub struct BenchArgs {
     /// Only the many-threads case (the tracer on processes of 12,000 and 20,000 threads).
     #[arg(long)]
     pub many_threads_only: bool,
+    /// Only the watch case (`tracer watch`'s cost and a soak with a flight recorder).
+    #[arg(long)]
+    pub watch_only: bool,
+    /// Length of the watch case's soak, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub soak_s: u64,
     /// Measure this tracer binary instead of target/release/tracer (to compare two builds).
     #[arg(long)]
     pub tracer: Option<PathBuf>,
@@ -450,6 +457,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             json!({"machine": stats::machine(), "many_threads": many}),
         );
     }
+    let soak = Duration::from_secs(args.soak_s);
+    if args.watch_only {
+        let w = watch::watch(&ctx, rounds, args.quick, soak)?;
+        println!("{}", watch::render(&w));
+        return write_doc(&dir, json!({"machine": stats::machine(), "watch": w}));
+    }
     let configs: Vec<Config> = CONFIGS
         .into_iter()
         .filter(|c| *c != Config::Runqlat || ctx.runqlat.is_some())
@@ -506,6 +519,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     );
     let _ = std::fs::remove_file(&trace);
     let many = threads::many_threads(&ctx, rounds, args.quick)?;
+    let watch = watch::watch(&ctx, rounds, args.quick, soak)?;
     let report = stats::report(
         &stats::runs_json(&runs),
         &configs,
@@ -525,13 +539,15 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "high_rate": high_rate,
         "with_trace_file": with_trace,
         "many_threads": many,
+        "watch": watch,
         "report": report,
     });
     println!(
         "{}{}",
         stats::render(&doc),
-        threads::render(&doc["many_threads"])
+        threads::render(&doc["many_threads"]),
     );
+    println!("{}", watch::render(&doc["watch"]));
     write_doc(&dir, doc)
 }
 

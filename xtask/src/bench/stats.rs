@@ -9,12 +9,12 @@ use serde_json::{Value, json};
 use super::{Config, Ctx, Run, median, start_observer, stop};
 
 /// Turns kernel.bpf_stats_enabled on for its lifetime and restores it after.
-struct StatsOn(String);
+pub(super) struct StatsOn(String);
 
 impl StatsOn {
     const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
-    fn new() -> Result<Self> {
+    pub fn new() -> Result<Self> {
         let old = std::fs::read_to_string(Self::PATH)
             .with_context(|| format!("reading {}", Self::PATH))?;
         std::fs::write(Self::PATH, "1").with_context(|| format!("writing {}", Self::PATH))?;
@@ -28,10 +28,10 @@ impl Drop for StatsOn {
     }
 }
 
-type Snapshot = BTreeMap<String, (u64, u64)>;
+pub(super) type Snapshot = BTreeMap<String, (u64, u64)>;
 
 /// The ids of the BPF programs loaded now.
-fn loaded() -> Result<std::collections::BTreeSet<u64>> {
+pub(super) fn loaded() -> Result<std::collections::BTreeSet<u64>> {
     Ok(progs()?.iter().filter_map(|p| p["id"].as_u64()).collect())
 }
 
@@ -46,7 +46,7 @@ fn progs() -> Result<Vec<Value>> {
 
 /// Run count and run time per program loaded since `before` (the tracer's: nothing else
 /// loads programs during the bench), from bpftool.
-fn snapshot(before: &std::collections::BTreeSet<u64>) -> Result<Snapshot> {
+pub(super) fn snapshot(before: &std::collections::BTreeSet<u64>) -> Result<Snapshot> {
     let mut map = BTreeMap::new();
     for p in progs()? {
         if p["id"].as_u64().is_none_or(|id| before.contains(&id)) {

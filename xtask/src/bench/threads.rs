@@ -22,20 +22,20 @@ use crate::{cargo, run, workspace_root};
 const COUNTS: [usize; 2] = [12_000, 20_000];
 const QUICK_COUNTS: [usize; 1] = [20_000];
 
-/// The workload process: `tracer-testload many N` on the benchmark CPU, ended by closing its
-/// stdin (when dropped).
-struct Workload {
+/// A workload process: `tracer-testload many N` (or `paced RATE N`) on the benchmark CPU,
+/// ended by closing its stdin (when dropped).
+pub(super) struct Workload {
     child: std::process::Child,
-    pid: u32,
+    pub pid: u32,
 }
 
 impl Workload {
-    fn start(ctx: &Ctx, threads: usize) -> Result<Self> {
+    pub fn start(ctx: &Ctx, args: &[String]) -> Result<Self> {
         let bin = workspace_root().join("target/debug/tracer-testload");
         let mut c = Command::new("taskset");
         c.args(["-c", &ctx.cpus.bench])
             .arg(&bin)
-            .args(["many", &threads.to_string()])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         // A session of its own, so an autogroup of its own (kernel.sched_autogroup_enabled): in
@@ -59,7 +59,7 @@ impl Workload {
             .and_then(|p| p.parse().ok());
         let Some(pid) = pid else {
             let _ = child.wait();
-            bail!("tracer-testload many {threads} did not start: {line:?}");
+            bail!("tracer-testload {args:?} did not start: {line:?}");
         };
         // Let every thread reach its once-a-second rhythm before the window.
         std::thread::sleep(Duration::from_millis(1200));
@@ -116,7 +116,7 @@ fn wait_rusage(pid: u32) -> Result<(i32, f64, u64)> {
 
 /// One `tracer attach --json` on a fresh workload of `threads` threads.
 fn once(ctx: &Ctx, threads: usize, window: Duration) -> Result<Value> {
-    let load = Workload::start(ctx, threads)?;
+    let load = Workload::start(ctx, &["many".into(), threads.to_string()])?;
     let path = ctx.dir.join("many-threads.json");
     let mut c = ctx.observer(&ctx.tracer);
     c.args([
@@ -166,10 +166,14 @@ fn once(ctx: &Ctx, threads: usize, window: Duration) -> Result<Value> {
     }))
 }
 
+pub(super) fn build_testload() -> Result<()> {
+    run(cargo().args(["build", "-p", "tracer-tests", "--bin", "tracer-testload"]))
+}
+
 /// Interleaved rounds over the thread counts (the order rotating each round), and each
 /// count's medians.
 pub fn many_threads(ctx: &Ctx, rounds: u32, quick: bool) -> Result<Value> {
-    run(cargo().args(["build", "-p", "tracer-tests", "--bin", "tracer-testload"]))?;
+    build_testload()?;
     let counts: &[usize] = if quick { &QUICK_COUNTS } else { &COUNTS };
     let window = Duration::from_secs(if quick { 1 } else { 3 });
     let mut runs = Vec::new();

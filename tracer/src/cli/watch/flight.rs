@@ -137,7 +137,37 @@ impl Flight {
     }
 
     fn write(&self, session: &Session<'_>, last: &Recording) -> Result<PathBuf> {
-        let recs: Vec<Recording> = self.windows.iter().map(|w| w.0.clone()).collect();
+        // Only windows whose records are all held (--keep-max-mib), and the last one in any
+        // case, saying what it lacks.
+        let complete = |w: &Recording| {
+            session
+                .flight_complete_after()
+                .is_none_or(|t| w.start_ns > t)
+        };
+        let mut kept: Vec<&(Recording, String)> =
+            self.windows.iter().filter(|w| complete(&w.0)).collect();
+        if kept.len() < self.windows.len() {
+            let held = session.flight_complete_after().unwrap_or(0);
+            eprintln!(
+                "tracer: flight recorder: the records of the last {} exceeded --keep-max-mib: \
+                 the file holds {} of {} windows{}",
+                crate::units::given(self.s.keep),
+                kept.len().max(1),
+                self.windows.len(),
+                if kept.is_empty() {
+                    format!(
+                        ", and the last lacks its records before {} into it",
+                        crate::units::dur(held.saturating_sub(last.start_ns))
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if kept.is_empty() {
+            kept.extend(self.windows.back());
+        }
+        let recs: Vec<Recording> = kept.iter().map(|w| w.0.clone()).collect();
         let merged = merge(&recs).expect("the window just closed is kept");
         let end = last.end_ns as i128 + last.host.realtime_minus_monotonic_ns as i128;
         let when = std::time::UNIX_EPOCH + Duration::from_nanos(end.max(0) as u64);
@@ -151,7 +181,7 @@ impl Flight {
         let path = unused(&self.s.dir, &base);
         let written = session.write_flight(&path, &merged)?;
         let mut lines = String::new();
-        for (_, doc) in &self.windows {
+        for (_, doc) in kept {
             lines.push_str(doc);
             lines.push('\n');
         }

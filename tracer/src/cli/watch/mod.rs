@@ -48,6 +48,11 @@ pub struct WatchArgs {
     /// --trigger-p99.
     #[arg(long, value_name = "DUR", value_parser = crate::units::parse_duration)]
     pub keep: Option<Duration>,
+    /// The flight recorder's memory ceiling, in MiB: past it the oldest records go, and a
+    /// file holds only the windows whose records are all there (it says so).
+    #[arg(long, value_name = "MIB", default_value_t = 256, requires = "keep",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_max_mib: u64,
     /// Where the flight recorder writes (tracer-PID-TIME.trace, and .windows.jsonl beside it).
     #[arg(long, value_name = "DIR", default_value = ".", requires = "keep")]
     pub flight_dir: PathBuf,
@@ -99,7 +104,7 @@ pub fn run(args: WatchArgs) -> Result<()> {
     let targets = args.target.resolve(&args.record)?;
     let mut opts = args.record.session_options(None);
     opts.progress = false;
-    opts.flight = args.keep.is_some();
+    opts.flight = args.keep.map(|_| (args.keep_max_mib as usize) << 20);
     runtime()?.block_on(watch(&args, &targets, &opts))
 }
 

@@ -264,16 +264,22 @@ fn gpus(rec: &Recording) -> Vec<GpuSeries> {
                 .iter()
                 .filter(|p| p.device == d.index && (rec.start_ns..=rec.end_ns).contains(&p.t_ns))
                 .collect();
-            // Violation counters are cumulative: each poll's share is its step over the gap.
-            let mut violation_pct = vec![None];
-            for w in polls.windows(2) {
-                let gap = w[1].t_ns.saturating_sub(w[0].t_ns).max(1) as f64;
-                let steps = w[1].violation_ns.iter().zip(&w[0].violation_ns);
+            // Violation counters are cumulative, and read by some polls only (once a second):
+            // each step between two readings is its share of their gap, drawn at every poll
+            // the step covers.
+            let mut violation_pct = vec![None; polls.len()];
+            let read: Vec<usize> = (0..polls.len())
+                .filter(|&i| !polls[i].violation_ns.is_empty())
+                .collect();
+            for w in read.windows(2) {
+                let (a, b) = (polls[w[0]], polls[w[1]]);
+                let gap = b.t_ns.saturating_sub(a.t_ns).max(1) as f64;
+                let steps = b.violation_ns.iter().zip(&a.violation_ns);
                 let held =
                     steps.filter_map(|(b, a)| Some(b.as_ref()?.saturating_sub(*a.as_ref()?)));
-                violation_pct.push(held.max().map(|ns| (ns as f64 / gap * 100.0).min(100.0)));
+                let pct = held.max().map(|ns| (ns as f64 / gap * 100.0).min(100.0));
+                violation_pct[w[0] + 1..=w[1]].fill(pct);
             }
-            violation_pct.truncate(polls.len());
             GpuSeries {
                 index: d.index,
                 name: d.name.clone(),
