@@ -13,8 +13,8 @@ use std::{
 
 use serde_json::Value;
 use tracer_tests::{
-    Kill, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial, tracer_programs,
-    u,
+    Kill, Tracer, require_root, run_tracer, schema::assert_matches_schema, serial, testload_bin,
+    tracer_programs, u,
 };
 
 /// Busy 2 ms, asleep 1 ms, on three threads: switches, wakeups and run-queue waits in every
@@ -424,4 +424,71 @@ fn the_flight_recorder_writes_the_kept_windows_once_per_rate_limit() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Past --keep-max-mib the oldest records go early: a file then holds only the windows whose
+/// records are all there (here none is: the last one, saying what it lacks), and `tracer
+/// report` reads it.
+#[test]
+fn the_flight_recorders_ceiling_keeps_what_it_can_and_says_so() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("flight-cap");
+    // About 100k switches a second, some 15 MB of records a second: far over 1 MiB.
+    let mut load = Kill::group(
+        Command::new(testload_bin())
+            .args(["paced", "50000", "2"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(load.0.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert!(ready.starts_with("ready"), "{ready}");
+    let pid = load.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--count",
+        "4",
+        "--json",
+        "--no-gpu",
+        "--keep",
+        "3s",
+        "--keep-max-mib",
+        "1",
+        "--flight-dir",
+        dir.to_str().unwrap(),
+        "--no-auto-trigger",
+    ]);
+    std::thread::sleep(Duration::from_millis(2500));
+    t.signal(libc::SIGUSR1);
+    let out = t.finish(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("exceeded --keep-max-mib") && out.stderr.contains("lacks its records"),
+        "{}",
+        out.stderr
+    );
+    let trace = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|f| f.extension() == Some("trace".as_ref()))
+        .expect("a file was written");
+    let kept = std::fs::read_to_string(trace.with_extension("windows.jsonl")).unwrap();
+    let kept = lines(&kept);
+    assert_eq!(kept.len(), 1, "the last window alone\n{}", out.stderr);
+    let doc = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    assert_eq!(doc["start_ns"], kept[0]["start_ns"]);
+    assert_eq!(doc["end_ns"], kept[0]["end_ns"]);
+    assert!(
+        u(&doc["events_received"]) > 0,
+        "the timeline is in the file"
+    );
 }
