@@ -298,6 +298,34 @@ mod tests {
     }
 
     #[test]
+    fn violations_are_taken_between_the_polls_that_read_them() {
+        // The counters are read every 2 s and at the window's end: polls between have none.
+        let poll = |t_ns: u64, v: Option<u64>| GpuPoll {
+            t_ns,
+            violation_ns: v.map(|ns| vec![Some(ns), None]).unwrap_or_default(),
+            ..Default::default()
+        };
+        let polls = [
+            poll(0, None),
+            poll(100, Some(1_000)),
+            poll(200, None),
+            poll(300, Some(1_150)),
+            poll(400, None),
+        ];
+        let v = violations(&polls.iter().collect::<Vec<_>>());
+        assert_eq!(v.len(), 1, "power only: thermal was never read: {v:?}");
+        assert_eq!((v[0].policy.as_str(), v[0].ns), ("power", 150));
+        assert!(
+            (v[0].share - 0.75).abs() < 1e-9,
+            "over the 200 ns between the readings"
+        );
+        assert!(
+            violations(&polls[..3].iter().collect::<Vec<_>>()).is_empty(),
+            "one reading"
+        );
+    }
+
+    #[test]
     fn utilization_is_weighted_by_overlap_with_the_window() {
         // 0-100 at 100 %, 100-200 at 0 %, window 50-200: 50 ns at 100, 100 ns at 0.
         let a = s(0, 100, 100.0);

@@ -312,13 +312,11 @@ fn gpm(nvml: &Nvml, st: &mut DeviceState, costs: &mut Costs) -> Option<GpmValues
 /// Which of the costlier NVML calls a poll makes.
 #[derive(Clone, Copy)]
 struct Extras {
-    /// Driver sample buffers, the target's utilization and memory, GPM.
+    /// Driver sample buffers, the target's utilization and memory, GPM, the clock-violation
+    /// counters. A cut's last poll is slow, so a window's first and last polls both have the
+    /// counters (its first is the last one before).
     slow: bool,
     pcie: bool,
-    /// The clock-violation counters: with the slow calls, so at every cut too (its last poll
-    /// is slow), and a window's first and last polls both have them (its first is the last
-    /// one before).
-    violations: bool,
 }
 
 /// "PID 12", "the target set (3 processes)".
@@ -384,7 +382,7 @@ fn poll(
             .ok()
             .map(|r| r.bits()),
         target_mem_bytes,
-        violation_ns: if !extras.violations {
+        violation_ns: if !extras.slow {
             vec![]
         } else {
             costs.time("violation_status", || {
@@ -496,7 +494,6 @@ fn take_recording(
     let last = Extras {
         slow: true,
         pcie: false,
-        violations: true,
     };
     for st in states.iter_mut() {
         polls.push(poll(nvml, st, members, last, costs));
@@ -618,16 +615,6 @@ fn sampler_thread(
     };
     // The thread's CPU time as of the last cut: each cut reports its own.
     let mut cpu_mark = cpu0;
-    let poll_all =
-        |states: &mut [DeviceState], polls: &mut Vec<GpuPoll>, extras, costs: &mut Costs| {
-            let members = shared.get();
-            for st in states.iter_mut() {
-                let p = poll(&nvml, st, &members, extras, costs);
-                // The session drains the stream every tick, into the trace file if one is written.
-                let _ = stream.send(p.clone());
-                polls.push(p);
-            }
-        };
     let mut cut = |states: &mut [DeviceState], polls: &mut Vec<GpuPoll>, costs: &mut Costs| {
         let mut r = take_recording(&nvml, states, polls, &shared.get(), costs, &fixed);
         let now = thread_cpu_ns();
@@ -637,13 +624,17 @@ fn sampler_thread(
     };
     while !control.stop.load(Ordering::Relaxed) {
         let now = monotonic_ns();
-        let slow = due(&mut last_slow, SLOW_EVERY, now);
         let extras = Extras {
-            slow,
+            slow: due(&mut last_slow, SLOW_EVERY, now),
             pcie: due(&mut last_pcie, PCIE_EVERY, now),
-            violations: slow,
         };
-        poll_all(&mut states, &mut polls, extras, &mut costs);
+        let members = shared.get();
+        for st in states.iter_mut() {
+            let p = poll(&nvml, st, &members, extras, &mut costs);
+            // The session drains the stream every tick, into the trace file if one is written.
+            let _ = stream.send(p.clone());
+            polls.push(p);
+        }
         // The interval, or a cut asked for meanwhile (answered at once).
         match control.cuts.recv_timeout(opts.interval) {
             Ok(reply) => {
