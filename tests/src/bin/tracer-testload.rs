@@ -254,9 +254,9 @@ extern "C" fn many_thread(index: *mut libc::c_void) -> *mut libc::c_void {
 }
 
 /// `paced RATE THREADS`: each pair's first thread sends a byte and waits for the answer, its
-/// round trips spread over slots of 1 ms (or more), sleeping out the rest of each slot. On one CPU a round
-/// trip is two context switches, and each slot's sleep one more per pair: the bench counts
-/// the switches in /proc, not from RATE.
+/// round trips spread over slots of 1 ms (or more), sleeping out the rest of each slot. On
+/// one CPU a round trip is two context switches, and each slot's sleep one more per pair: the
+/// bench counts the switches in /proc, not from RATE.
 fn paced(rate: u64, threads: usize) {
     let pairs = (threads / 2).max(1) as u64;
     // Slots of 1 ms, or longer with one round trip each when a pair makes fewer than 1000.

@@ -92,7 +92,7 @@ pub struct ClockViolationShare {
 }
 
 /// Each policy's violation time between the first and the last poll that read the counters
-/// (once a second and at the window's end: they are costly).
+/// (every 2 s and at the window's end: they are costly).
 fn violations(polls: &[&GpuPoll]) -> Vec<ClockViolationShare> {
     let mut read = polls.iter().filter(|p| !p.violation_ns.is_empty());
     let (Some(a), Some(b)) = (read.next(), read.next_back()) else {

@@ -382,29 +382,25 @@ fn poll(
             .ok()
             .map(|r| r.bits()),
         target_mem_bytes,
-        violation_ns: if !extras.slow {
-            vec![]
-        } else {
-            costs.time("violation_status", || {
-                use nvml_wrapper::enum_wrappers::device::PerformancePolicy as P;
-                [
-                    P::Power,
-                    P::Thermal,
-                    P::SyncBoost,
-                    P::BoardLimit,
-                    P::LowUtilization,
-                    P::Reliability,
-                    P::TotalAppClocks,
-                    P::TotalBaseClocks,
-                ]
-                .into_iter()
-                .map(|policy| d.violation_status(policy).ok().map(|v| v.violation_time))
-                .collect()
-            })
-        },
         ..Default::default()
     };
     if extras.slow {
+        p.violation_ns = costs.time("violation_status", || {
+            use nvml_wrapper::enum_wrappers::device::PerformancePolicy as P;
+            [
+                P::Power,
+                P::Thermal,
+                P::SyncBoost,
+                P::BoardLimit,
+                P::LowUtilization,
+                P::Reliability,
+                P::TotalAppClocks,
+                P::TotalBaseClocks,
+            ]
+            .into_iter()
+            .map(|policy| d.violation_status(policy).ok().map(|v| v.violation_time))
+            .collect()
+        });
         costs.time("samples", || {
             drain_samples(
                 d,

@@ -545,7 +545,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     println!(
         "{}{}",
         stats::render(&doc),
-        threads::render(&doc["many_threads"]),
+        threads::render(&doc["many_threads"])
     );
     println!("{}", watch::render(&doc["watch"]));
     write_doc(&dir, doc)

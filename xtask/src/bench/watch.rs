@@ -237,21 +237,26 @@ fn soak(ctx: &Ctx, length: Duration, keep: Duration, interval: Duration) -> Resu
     );
     std::fs::create_dir_all(&dir)?;
     let flight = dir.display().to_string();
-    let options = ["-i", &i, "--keep", &k, "--prometheus", &addr];
-    let mut w = Watch::start(
-        ctx,
-        load.pid,
-        &[&options[..], &["--flight-dir", &flight]].concat(),
-    )?;
+    let options = [
+        "-i",
+        &i,
+        "--keep",
+        &k,
+        "--prometheus",
+        &addr,
+        "--flight-dir",
+        &flight,
+    ];
+    let mut w = Watch::start(ctx, load.pid, &options)?;
     let pid = w.child.id();
-    let (mut samples, mut switch_rate) = (Vec::new(), Vec::new());
+    let mut samples = Vec::new();
     let t0 = w.next(interval * 3 + Duration::from_secs(20))?;
     let s0 = switches(load.pid);
     while t0.elapsed() < length {
         let at = w.next(interval * 3)?;
         samples.push(((at - t0).as_secs_f64(), rss_bytes(pid)?));
     }
-    switch_rate.push((switches(load.pid) - s0) as f64 / t0.elapsed().as_secs_f64());
+    let switch_rate = (switches(load.pid) - s0) as f64 / t0.elapsed().as_secs_f64();
     let flight_bytes = scrape(&addr, "tracer_flight_recorder_bytes");
     super::stop(&mut w.child);
     drop(load);
@@ -267,7 +272,7 @@ fn soak(ctx: &Ctx, length: Duration, keep: Duration, interval: Duration) -> Resu
         "length_s": length.as_secs_f64(),
         "keep_s": keep.as_secs_f64(),
         "threads": SOAK_THREADS.parse::<u32>().unwrap_or(0),
-        "target_switches_per_s": switch_rate.first(),
+        "target_switches_per_s": switch_rate,
         "rss": samples.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
         "steady_min_bytes": lo,
         "steady_max_bytes": hi,

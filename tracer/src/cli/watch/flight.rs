@@ -139,15 +139,14 @@ impl Flight {
     fn write(&self, session: &Session<'_>, last: &Recording) -> Result<PathBuf> {
         // Only windows whose records are all held (--keep-max-mib), and the last one in any
         // case, saying what it lacks.
-        let complete = |w: &Recording| {
-            session
-                .flight_complete_after()
-                .is_none_or(|t| w.start_ns > t)
-        };
-        let mut kept: Vec<&(Recording, String)> =
-            self.windows.iter().filter(|w| complete(&w.0)).collect();
+        let after = session.flight_complete_after();
+        let mut kept: Vec<&(Recording, String)> = self
+            .windows
+            .iter()
+            .filter(|w| after.is_none_or(|t| w.0.start_ns > t))
+            .collect();
         if kept.len() < self.windows.len() {
-            let held = session.flight_complete_after().unwrap_or(0);
+            let held = after.unwrap_or(0);
             eprintln!(
                 "tracer: flight recorder: the records of the last {} exceeded --keep-max-mib: \
                  the file holds {} of {} windows{}",

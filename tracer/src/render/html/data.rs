@@ -264,7 +264,7 @@ fn gpus(rec: &Recording) -> Vec<GpuSeries> {
                 .iter()
                 .filter(|p| p.device == d.index && (rec.start_ns..=rec.end_ns).contains(&p.t_ns))
                 .collect();
-            // Violation counters are cumulative, and read by some polls only (once a second):
+            // Violation counters are cumulative, and read by some polls only (every 2 s):
             // each step between two readings is its share of their gap, drawn at every poll
             // the step covers.
             let mut violation_pct = vec![None; polls.len()];
