@@ -98,6 +98,10 @@ pub struct Config {
     /// from BTF; `u32::MAX` when unknown. Read from a blocked wakee's saved registers
     /// (`bpf_task_pt_regs`, Linux 5.15+): what it was blocked in (a futex, a poll, a read).
     pub regs_syscall_off: u32,
+    /// `task_struct.on_rq`, from BTF: 0 once a task that blocks has been taken off its run
+    /// queue, which `sched_switch` without `prev_state` (before Linux 5.18) tells a blocking
+    /// switch by when the task's own switch counters were not read yet.
+    pub task_on_rq_off: u32,
 }
 
 impl Config {
@@ -153,6 +157,7 @@ impl Config {
             root_hierarchy_off: 0,
             task_flags_off: 0,
             regs_syscall_off: u32::MAX,
+            task_on_rq_off: 0,
         }
     }
 }

@@ -81,6 +81,12 @@ pub struct Event {
     pub value: u64,
 }
 
+/// A `SwitchOut` record's `aux`: bit 0 set when the switch left the thread runnable; this bit
+/// too when that was not a preemption but the state the tracepoint reported, which a classic
+/// tracepoint before Linux 5.18 re-reads after a wakeup may have begun: a wakeup before the
+/// thread runs again then says it had blocked.
+pub const SWITCH_RUNNABLE_UNSURE: u32 = 2;
+
 /// Where a `SwitchIn` record keeps its `WaitCode`.
 pub const WAIT_CODE_SHIFT: u32 = 8;
 /// The bits of `Event::kind` that hold the `EventKind`.

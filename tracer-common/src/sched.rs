@@ -78,6 +78,11 @@ pub const FLAG_EXECED: u32 = 32;
 /// counting the thread as running from when it was last seen waiting; its own run time, read
 /// at its next traced event, says how much of that it was still waiting.
 pub const FLAG_REPAIRED: u32 = 64;
+/// `ThreadStats::flags`, kernel side only: the thread's last switch-out was not a preemption
+/// and reported it runnable, which a classic tracepoint before Linux 5.18 also does for a
+/// task that blocked and was woken before the record was written (the state is re-read
+/// then): a wakeup before it runs again says it blocked.
+pub const FLAG_RUNNABLE_UNSURE: u32 = 128;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///

@@ -99,10 +99,6 @@ pub struct CudaThread {
 /// `Config::request_id_arg` when the marker functions carry no request id.
 pub const NO_REQUEST_ID: u32 = u32::MAX;
 
-/// Attach cookies of the request marker uprobe.
-pub const REQUEST_START_COOKIE: u64 = 0;
-pub const REQUEST_END_COOKIE: u64 = 1;
-
 /// The attach cookie of a USDT probe of the garbage collector (`python:gc__start`,
 /// `python:gc__done`): which probe it is and where its argument is, decoded from the probe's
 /// argument spec (`-4@112(%rsp)`, `-8@%r12`) by userspace. Bits 0-7: `GC_START`/`GC_DONE`;

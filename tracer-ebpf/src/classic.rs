@@ -72,6 +72,7 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
         next_comm: field(&ctx, config!(switch_next_comm_off)),
         // The classic record carries no task: the kernel's own counters cannot be read.
         next_task: core::ptr::null(),
+        prev_task: core::ptr::null(),
     };
     sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
     if prev_target && is_dead(prev as u32) {

@@ -3,11 +3,10 @@
 //! synchronous device-to-host copies) is measured from entry to return. That time is the
 //! thread waiting for the GPU, whether it spins on a CPU or sleeps meanwhile.
 //!
-//! One entry and one return program serve every function; the attach cookie says which.
+//! An entry program per function and one return program for all of them.
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -33,18 +32,42 @@ fn entry(tid: u32) -> Option<&'static mut CudaThread> {
     CUDA_THREADS.get_ptr_mut(tid).map(|c| unsafe { &mut *c })
 }
 
-#[inline(always)]
-fn cookie(ctx: &impl EbpfContext) -> u32 {
-    // SAFETY: the helper only reads the attach cookie of the running program.
-    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+/// One entry program per function (`CudaFn`, by number): attach cookies, which could say
+/// which function a single program was entered from, exist only from Linux 5.15.
+macro_rules! entries {
+    ($($name:ident = $f:ident),* $(,)?) => {
+        $(
+            #[uprobe]
+            pub fn $name(ctx: ProbeContext) -> u32 {
+                let _ = ctx;
+                enter(CudaFn::$f as u32)
+            }
+        )*
+    };
 }
 
-#[uprobe]
-pub fn cuda_call_enter(ctx: ProbeContext) -> u32 {
+entries!(
+    cuda_enter_0 = LaunchKernel,
+    cuda_enter_1 = LaunchKernelPtsz,
+    cuda_enter_2 = LaunchKernelEx,
+    cuda_enter_3 = LaunchKernelExPtsz,
+    cuda_enter_4 = StreamSynchronize,
+    cuda_enter_5 = StreamSynchronizePtsz,
+    cuda_enter_6 = CtxSynchronize,
+    cuda_enter_7 = EventSynchronize,
+    cuda_enter_8 = MemcpyDtoH,
+    cuda_enter_9 = MemcpyDtoHPtds,
+    cuda_enter_10 = RtDeviceSynchronize,
+    cuda_enter_11 = RtStreamSynchronize,
+    cuda_enter_12 = RtEventSynchronize,
+    cuda_enter_13 = RtMemcpy,
+);
+
+#[inline(always)]
+fn enter(f: u32) -> u32 {
     let Some(tid) = target_tid() else {
         return 0;
     };
-    let f = cookie(&ctx);
     let Some(c) = entry(tid) else {
         return 0;
     };
@@ -70,7 +93,7 @@ pub fn cuda_call_enter(ctx: ProbeContext) -> u32 {
 }
 
 #[uretprobe]
-pub fn cuda_call_exit(ctx: RetProbeContext) -> u32 {
+pub fn cuda_call_exit(_ctx: RetProbeContext) -> u32 {
     let Some(tid) = target_tid() else {
         return 0;
     };
@@ -98,7 +121,8 @@ pub fn cuda_call_exit(ctx: RetProbeContext) -> u32 {
         tid,
         kind: EventKind::CudaSync as u32,
         cpu: 0,
-        aux: cookie(&ctx),
+        // The outermost call's function, kept at its entry.
+        aux: c.sync_fn,
         value: d,
     });
     0

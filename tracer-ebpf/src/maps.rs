@@ -147,6 +147,11 @@ pub static THREAD_COUNTERS: HashMap<u32, ThreadCounters> =
 #[map]
 pub static COUNTERS_TEMPLATE: PerCpuArray<ThreadCounters> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where each traced Python keeps its GC probes' argument, by process (0: the first Python
+/// probed): `[gc__start, gc__done]` in `tracer_common::gc_cookie`'s encoding.
+#[map]
+pub static GC_ARGS: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(MAX_CHILDREN, 0);
+
 /// CUDA call accounting per target thread, keyed by TID.
 #[map]
 pub static CUDA_THREADS: HashMap<u32, CudaThread> = HashMap::with_max_entries(MAX_THREADS, 0);

@@ -1,19 +1,17 @@
 //! Runtime pauses: CPython's garbage collections, from its USDT probes `python:gc__start` and
-//! `gc__done` (a uprobe at each probe's address). One program for both; the attach cookie
-//! says which, and where the probe's argument is (`tracer_common::gc_cookie`).
+//! `gc__done` (a uprobe at each probe's address), a program for each. Where the probe's
+//! argument is (`tracer_common::gc_cookie`) comes from `GC_ARGS`, per process.
 
 use aya_ebpf::{
-    EbpfContext,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::bpf_get_attach_cookie,
     },
     macros::uprobe,
     programs::ProbeContext,
 };
-use tracer_common::{Event, EventKind, GC_ARG_MEMORY, GC_ARG_NONE, GC_DONE};
+use tracer_common::{Event, EventKind, GC_ARG_MEMORY, GC_ARG_NONE, GC_DONE, GC_START};
 
-use crate::maps::{emit, is_member};
+use crate::maps::{GC_ARGS, emit, is_member};
 
 /// The registers by their 8-byte slot in `pt_regs` (x86-64 order: r15 r14 r13 r12 rbp rbx
 /// r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp), each read at its constant
@@ -49,21 +47,36 @@ fn regs(ctx: &ProbeContext) -> [u64; 20] {
     }
 }
 
+/// `python:gc__start`: one program per probe, since attach cookies (which could say which
+/// probe fired) exist only from Linux 5.15.
 #[uprobe]
-pub fn gc_probe(ctx: ProbeContext) -> u32 {
+pub fn gc_start(ctx: ProbeContext) -> u32 {
+    gc(&ctx, GC_START)
+}
+
+#[uprobe]
+pub fn gc_done(ctx: ProbeContext) -> u32 {
+    gc(&ctx, GC_DONE)
+}
+
+#[inline(always)]
+fn gc(ctx: &ProbeContext, kind: u64) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    if !is_member((id >> 32) as u32) {
+    let tgid = (id >> 32) as u32;
+    if !is_member(tgid) {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: the helper only reads the attach cookie of the running program.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // Where this process's Python keeps the probe's argument (its build's USDT note), else
+    // where the first Python probed keeps it (a process forked from a member later).
+    let spec = unsafe { GC_ARGS.get(tgid).or_else(|| GC_ARGS.get(0)) };
+    let cookie = spec.map_or(kind | (GC_ARG_NONE << 8), |s| s[kind as usize & 1]);
     let slot = (cookie >> 8) & 0xff;
     let size = (cookie >> 17) & 0xf;
     let arg = if slot == GC_ARG_NONE {
         None
     } else {
-        regs(&ctx).get(slot as usize).copied().and_then(|r| {
+        regs(ctx).get(slot as usize).copied().and_then(|r| {
             if cookie & GC_ARG_MEMORY == 0 {
                 return Some(r);
             }
@@ -80,7 +93,7 @@ pub fn gc_probe(ctx: ProbeContext) -> u32 {
             v & ((1u64 << (size * 8)) - 1)
         }
     });
-    let kind = if cookie & 0xff == GC_DONE {
+    let kind = if kind == GC_DONE {
         EventKind::GcDone
     } else {
         EventKind::GcStart

@@ -3,35 +3,36 @@
 //! thread, with the request id when one argument carries it; userspace pairs them into
 //! requests and decomposes each one's wall time with the scheduler timeline.
 //!
-//! One program serves both functions; the attach cookie says which.
+//! A program for each of the two functions.
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        generated::bpf_get_attach_cookie,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::uprobe,
     programs::ProbeContext,
 };
-use tracer_common::{Event, EventKind, REQUEST_START_COOKIE};
+use tracer_common::{Event, EventKind};
 
 use crate::maps::{config, emit, is_member};
 
+/// The start marker: one program per marker, since attach cookies (which could say which
+/// marker fired) exist only from Linux 5.15.
 #[uprobe]
-pub fn request_marker(ctx: ProbeContext) -> u32 {
+pub fn request_start(ctx: ProbeContext) -> u32 {
+    marker(&ctx, EventKind::RequestStart)
+}
+
+#[uprobe]
+pub fn request_end(ctx: ProbeContext) -> u32 {
+    marker(&ctx, EventKind::RequestEnd)
+}
+
+#[inline(always)]
+fn marker(ctx: &ProbeContext, kind: EventKind) -> u32 {
     let id = bpf_get_current_pid_tgid();
     if !is_member((id >> 32) as u32) {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: the helper only reads the attach cookie of the running program.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let kind = if cookie == REQUEST_START_COOKIE {
-        EventKind::RequestStart
-    } else {
-        EventKind::RequestEnd
-    };
     let arg = config!(request_id_arg);
     // Every argument register is read at its constant offset, with volatile loads that the
     // compiler cannot merge into one load at a computed offset (which the verifier rejects for

@@ -13,9 +13,10 @@ use aya_ebpf::helpers::{
 };
 use tracer_common::{
     COMM_LEN, ChildProcess, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED,
-    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_SEEN, MigrationKey, PF_KTHREAD, Preemptor,
-    RUNQ_HIST_SLOTS, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD,
-    WAKER_PENDING, WaitCode, WakerKey, WakerRun, hist_slot,
+    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_RUNNABLE_UNSURE, FLAG_SEEN, MigrationKey,
+    PF_KTHREAD, Preemptor, RUNQ_HIST_SLOTS, SWITCH_RUNNABLE_UNSURE, ThreadState, ThreadStats,
+    WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WaitCode, WakerKey, WakerRun,
+    hist_slot,
 };
 
 use crate::maps::{
@@ -462,7 +463,8 @@ fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) 
 /// A context switch on `cpu`, as the tracepoint reports it.
 pub struct Switch {
     pub preempt: bool,
-    /// `prev->__state` as passed to the tracepoint (TASK_RUNNING is 0).
+    /// `prev->__state` as passed to the tracepoint (TASK_RUNNING is 0), or `STATE_UNKNOWN`
+    /// where the tracepoint has no such argument (tp_btf before Linux 5.18).
     pub prev_state: u64,
     pub prev_pid: u32,
     pub prev_tgid: u32,
@@ -475,6 +477,36 @@ pub struct Switch {
     /// The task switching in, for its own counters (tp_btf); null for classic tracepoints,
     /// whose records carry none.
     pub next_task: *const u8,
+    /// The task switching out (tp_btf without `prev_state`; null otherwise).
+    pub prev_task: *const u8,
+}
+
+/// `Switch::prev_state` when the tracepoint does not pass it.
+pub const STATE_UNKNOWN: u64 = u64::MAX;
+
+/// Whether a switch-out the tracepoint passed no `prev_state` for was the thread blocking
+/// (a voluntary switch). `__schedule` counts the switch in the task's own `nvcsw` or `nivcsw`
+/// before `trace_sched_switch` (since Linux 3.x), so where the thread's counters were read at
+/// its last switch-in, the voluntary count having moved past the probes' own says so exactly.
+/// Otherwise (its first switch-out since the attach) the run queue does: a task that blocks is
+/// taken off it before the tracepoint, under the run queue's lock, which a concurrent wakeup
+/// also takes to put it back; this misses only a sleep that a pending signal cancelled
+/// (counted voluntary, left on the queue). Not inlined, for the verifier, as `reconcile_in`.
+#[inline(never)]
+fn blocked_by_counts(t: &ThreadStats, task: *const u8) -> bool {
+    if t.flags & FLAG_SEEN != 0 && config!(task_counts) != 0 {
+        let nvcsw = unsafe {
+            core::ptr::read_volatile(task.add(config!(task_nvcsw_off) as usize) as *const u64)
+        };
+        return nvcsw
+            .wrapping_sub(t.seen_nvcsw)
+            .wrapping_sub(t.voluntary_switches) as i64
+            > 0;
+    }
+    let on_rq = unsafe {
+        core::ptr::read_volatile(task.add(config!(task_on_rq_off) as usize) as *const u32)
+    };
+    on_rq == 0
 }
 
 #[inline(always)]
@@ -592,9 +624,18 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
     crate::counters::slice_end(sw.prev_pid, cpu, now, out);
     t.last_cpu = cpu;
     t.flags &= !FLAG_MOVED;
-    let involuntary = sw.preempt || sw.prev_state == 0;
+    let involuntary = if sw.preempt {
+        true
+    } else if sw.prev_state == STATE_UNKNOWN {
+        !blocked_by_counts(t, sw.prev_task)
+    } else {
+        sw.prev_state == 0
+    };
     if involuntary {
         t.involuntary_switches += 1;
+        if !sw.preempt && sw.prev_task.is_null() {
+            t.flags |= FLAG_RUNNABLE_UNSURE;
+        }
         enter(t, ThreadState::Runnable, now);
         t.wait_cpu = cpu;
         waiter_add(cpu, now);
@@ -615,14 +656,38 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
             sw.prev_pid,
             EventKind::SwitchOut,
             cpu,
-            involuntary as u32,
+            involuntary as u32
+                | ((t.flags & FLAG_RUNNABLE_UNSURE != 0) as u32 * SWITCH_RUNNABLE_UNSURE),
             slice,
         ));
     }
 }
 
+/// A thread the probes took for runnable since a switch-out that reported it so is woken: it
+/// had blocked (a task on its run queue gets no wakeup: try_to_wake_up returns early for a
+/// running state), and a classic `sched_switch` before Linux 5.18 re-read its state after a
+/// wakeup from another CPU had begun (TASK_WAKING reads as runnable). The switch was
+/// voluntary, as the kernel counted it, and the interval since is blocked, which the wakeup
+/// now ends. Its CPU loses a waiter; what that CPU's tasks were charged for it meanwhile
+/// stays (a few microseconds: the wakeup was already under way at the switch).
+#[inline(never)]
+fn blocked_after_all(t: &mut ThreadStats) {
+    t.flags &= !FLAG_RUNNABLE_UNSURE;
+    t.involuntary_switches = t.involuntary_switches.saturating_sub(1);
+    t.voluntary_switches += 1;
+    if t.wait_cpu != NO_CPU
+        && let Some(w) = CPU_WAIT.get_ptr_mut(t.wait_cpu)
+    {
+        let w = unsafe { &mut *w };
+        w.waiters = w.waiters.saturating_sub(1);
+    }
+    t.wait_cpu = NO_CPU;
+    t.state = ThreadState::Blocked as u32;
+}
+
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+    t.flags &= !FLAG_RUNNABLE_UNSURE;
     reconcile_in(t, sw.next_task, now);
     let was = t.state;
     if was == ThreadState::Running as u32 {
@@ -698,6 +763,9 @@ pub fn on_wakeup(
     // unreported (it was switched in, or out, by a switch no tracepoint reported). Its own
     // counters, when they can be read, say so and how long it ran; the rest of the interval
     // counts as blocked (how much of it was a wait for a CPU is not known).
+    if t.flags & FLAG_RUNNABLE_UNSURE != 0 && t.state == ThreadState::Runnable as u32 {
+        blocked_after_all(t);
+    }
     let awake = t.state == ThreadState::Running as u32 || t.state == ThreadState::Runnable as u32;
     if awake && counts.is_none() {
         return;

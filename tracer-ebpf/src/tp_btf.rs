@@ -55,6 +55,20 @@ fn is_target(tgid: u32) -> bool {
 /// unsigned int prev_state)
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
+    switch(&ctx, ctx.arg::<u64>(3) & 0xffff_ffff)
+}
+
+/// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next) before
+/// Linux 5.18 (commit fa2c3254d7cf added `prev_state`): the verifier rejects a read of a
+/// fourth argument there, so this one reads none, and the switch's kind comes from the task
+/// (`sched::blocked_by_counts`).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf_3args(ctx: BtfTracePointContext) -> i32 {
+    switch(&ctx, sched::STATE_UNKNOWN)
+}
+
+#[inline(always)]
+fn switch(ctx: &BtfTracePointContext, prev_state: u64) -> i32 {
     // Plain loads from the task rather than `bpf_get_current_pid_tgid` (`prev` is `current`):
     // a helper call costs more than a load (BENCHMARKS.md).
     let prev: *const u8 = ctx.arg(1);
@@ -65,7 +79,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let next_target = is_target(next_tgid);
     let sw = Switch {
         preempt: ctx.arg::<u64>(0) & 0xff != 0,
-        prev_state: ctx.arg::<u64>(3) & 0xffff_ffff,
+        prev_state,
         prev_pid: pid_of(prev),
         prev_tgid,
         prev_target,
@@ -74,6 +88,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
         next_target,
         next_comm: comm_of(next),
         next_task: next,
+        prev_task: prev,
     };
     let sw = if next_target {
         Switch {

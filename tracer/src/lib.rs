@@ -20,3 +20,14 @@ pub mod workload;
 
 #[cfg(test)]
 mod layers;
+
+/// What `tracer --version` prints and every summary and trace file records: the release, the
+/// commit it was built from, and the embedded eBPF object's id (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TRACER_GIT_COMMIT"),
+    ", eBPF object ",
+    env!("TRACER_EBPF_ID"),
+    ")"
+);

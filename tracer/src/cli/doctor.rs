@@ -57,6 +57,8 @@ struct Report {
     privileges: Privileges,
     perf_event_paranoid: Option<i32>,
     uprobes: Capability,
+    /// The uprobe programs (CUDA calls, request markers, GC probes) pass the verifier.
+    uprobe_programs: Capability,
     cgroup: CgroupReport,
     nvidia_driver: Option<String>,
     gpus: Vec<GpuInfo>,
@@ -81,13 +83,15 @@ fn clocksource() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Loads the scheduler programs (tp_btf, else classic) through the verifier, attaching nothing.
-fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
+/// Loads the scheduler programs (tp_btf, else classic) through the verifier, attaching
+/// nothing, with the counter-reading path (software counters on CPU 0, so that the verifier
+/// sees it), then the uprobe families: (scheduler tracing, tp_btf, uprobe programs).
+fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) {
     if !privileged {
         let why = "not checked: loading BPF programs needs CAP_BPF and CAP_PERFMON";
-        return (cap(false, why), cap(false, why));
+        return (cap(false, why), cap(false, why), cap(false, why));
     }
-    let none = PerfSet::open(CounterChoice::None, &[]);
+    let none = PerfSet::open(CounterChoice::Software, &[0]);
     let opts = ProbeOptions {
         choice: ProbeChoice::Auto,
         ring_bytes: 4096 * 16,
@@ -98,26 +102,53 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability) {
     // Loading puts every program through the verifier; nothing is attached.
     // With every record sent (timeline), the verifier sees every path.
     let loaded = SchedProbes::load(&[std::process::id()], false, &opts, &none, true);
-    match loaded {
-        Ok(p) if p.mode() == ProbeMode::TpBtf => {
-            let ok = "the tp_btf scheduler programs load and pass the verifier";
-            (cap(true, ok), cap(true, ok))
+    let mut p = match loaded {
+        Ok(p) => p,
+        Err(e) => {
+            let e = format!("{e:#}");
+            let why = "not checked: the scheduler programs did not load";
+            return (cap(false, e.clone()), cap(false, e), cap(false, why));
         }
-        Ok(p) => {
-            let why = p.fallback_reason.clone().unwrap_or_default();
-            (
-                cap(
-                    true,
-                    format!(
-                        "classic tracepoints load and pass the verifier (tp_btf unavailable: \
-                         {why})"
-                    ),
+    };
+    let counters = if none.mask != 0 {
+        ", with the counter reads"
+    } else {
+        ""
+    };
+    let (sched, btf) = if p.mode() == ProbeMode::TpBtf {
+        let ok = format!(
+            "the tp_btf scheduler programs load and pass the verifier{counters} ({})",
+            p.btf_capability.reason
+        );
+        (cap(true, ok.clone()), cap(true, ok))
+    } else {
+        let why = p.fallback_reason.clone().unwrap_or_default();
+        (
+            cap(
+                true,
+                format!(
+                    "classic tracepoints load and pass the verifier{counters} (tp_btf \
+                     unavailable: {why})"
                 ),
-                cap(false, why),
-            )
-        }
-        Err(e) => (cap(false, format!("{e:#}")), cap(false, format!("{e:#}"))),
-    }
+            ),
+            cap(false, why),
+        )
+    };
+    let families = p.load_uprobe_families();
+    let failed: Vec<String> = families
+        .iter()
+        .filter_map(|(f, r)| r.as_ref().err().map(|e| format!("{f}: {e:#}")))
+        .collect();
+    let names: Vec<&str> = families.iter().map(|(f, _)| *f).collect();
+    let uprobe_programs = if failed.is_empty() {
+        cap(
+            true,
+            format!("{} load and pass the verifier", names.join(", ")),
+        )
+    } else {
+        cap(false, failed.join("; "))
+    };
+    (sched, btf, uprobe_programs)
 }
 
 fn uprobes() -> Capability {
@@ -138,7 +169,7 @@ fn report(pid: Option<u32>) -> Report {
     let caps = privileges::effective_caps();
     let privileged = privileges::missing_for_tracing(caps).is_none();
     let has = |bit: u32| caps & (1 << bit) != 0;
-    let (scheduler_tracing, tp_btf) = scheduler_programs(privileged);
+    let (scheduler_tracing, tp_btf, uprobe_programs) = scheduler_programs(privileged);
     let cpus = aya::util::online_cpus().unwrap_or_else(|_| vec![0]);
     // Opening on one CPU is enough to tell whether the events exist.
     let pmu = PerfSet::open(CounterChoice::Auto, &cpus[..1]).pmu;
@@ -178,6 +209,7 @@ fn report(pid: Option<u32>) -> Report {
         },
         perf_event_paranoid: perf_event_paranoid(),
         uprobes: uprobes(),
+        uprobe_programs,
         cgroup: CgroupReport {
             version: cgroup::version(),
             target: pid.and_then(cgroup::cpu_cgroup),
@@ -222,6 +254,7 @@ fn render(r: &Report) -> String {
             .map_or("unknown".into(), |p| p.to_string())
     );
     line(&mut out, &r.uprobes, "uprobes");
+    line(&mut out, &r.uprobe_programs, "uprobe programs");
     let g = &r.capabilities.gpu;
     line(&mut out, &cap(g.available, g.reason.clone()), "NVIDIA GPUs");
     line(&mut out, &g.gpm, "GPM");

@@ -19,7 +19,7 @@ use crate::{render, workload};
 /// Tell why an inference server's latency jitters: attach to a running process and attribute
 /// its lost time to scheduling, cache thrash or GPU saturation.
 #[derive(Debug, Parser)]
-#[command(name = "tracer", version, about, long_about = None)]
+#[command(name = "tracer", version = crate::VERSION, about, long_about = None)]
 #[command(after_help = "EXAMPLES:
     tracer demo                          # built-in workload + CPU hogs, attached and explained
     tracer demo --scenario cfs-throttle  # another injected cause (see --help)

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tracer_common::{Event, EventKind, WAKER_IDLE};
+use tracer_common::{Event, EventKind, SWITCH_RUNNABLE_UNSURE, WAKER_IDLE};
 
 use crate::recording::{
     cuda::CudaSpan,
@@ -79,6 +79,9 @@ pub struct ThreadTimeline {
     since: u64,
     cpu: Option<u32>,
     dead: bool,
+    /// Its last switch-out said runnable without a preemption, which a classic tracepoint
+    /// before 5.18 also says of a task that blocked (`SWITCH_RUNNABLE_UNSURE`).
+    unsure: bool,
 }
 
 impl ThreadTimeline {
@@ -144,6 +147,7 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
         }
         match kind {
             EventKind::SwitchIn => {
+                t.unsure = false;
                 if t.state == Some(State::Runnable) && ev.value > 0 {
                     t.waits.push((ev.value, ev.cpu));
                 }
@@ -158,7 +162,8 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             }
             EventKind::SwitchOut => {
                 t.cpu = Some(ev.cpu);
-                if ev.aux == 1 {
+                if ev.aux & 1 == 1 {
+                    t.unsure = ev.aux & SWITCH_RUNNABLE_UNSURE != 0;
                     t.switches.involuntary_switches += 1;
                     t.go(ts, State::Runnable, State::Running, start);
                 } else {
@@ -172,6 +177,12 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
                 }
             }
             EventKind::Wakeup | EventKind::WakeupNew => {
+                if std::mem::take(&mut t.unsure) && t.state == Some(State::Runnable) {
+                    // It had blocked after all, as the kernel side decided too.
+                    t.switches.involuntary_switches -= 1;
+                    t.switches.voluntary_switches += 1;
+                    t.state = Some(State::Blocked);
+                }
                 if !matches!(t.state, Some(State::Running | State::Runnable)) {
                     t.switches.wakeups += 1;
                     t.cpu = Some(ev.cpu);
@@ -324,6 +335,44 @@ mod tests {
             t.total(State::Running) + t.total(State::Runnable) + t.total(State::Blocked),
             1000
         );
+    }
+
+    /// A classic switch-out before 5.18 that said runnable (no preemption) and a wakeup
+    /// before the thread ran again: it had blocked, and is counted and drawn so. A runnable
+    /// switch-out that was not unsure stays a wait whatever follows.
+    #[test]
+    fn a_wakeup_after_an_unsure_runnable_switch_out_makes_it_a_block() {
+        use EventKind::*;
+        let unsure = 1 | SWITCH_RUNNABLE_UNSURE;
+        let events = vec![
+            ev(110, 7, SwitchIn, 1, 0, 0),
+            ev(200, 7, SwitchOut, 1, unsure, 90),
+            ev(250, 7, Wakeup, 1, 0, 0),
+            ev(260, 7, SwitchIn, 1, 0, 10),
+            ev(300, 7, SwitchOut, 1, unsure, 40),
+            ev(340, 7, SwitchIn, 1, 0, 40),
+        ];
+        let t = &build(&events, 100, 400)[&7];
+        let states: Vec<(u64, u64, State)> = t
+            .intervals
+            .iter()
+            .map(|i| (i.start_ns, i.end_ns, i.state))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (100, 110, State::Runnable),
+                (110, 200, State::Running),
+                (200, 250, State::Blocked),
+                (250, 260, State::Runnable),
+                (260, 300, State::Running),
+                (300, 340, State::Runnable),
+                (340, 400, State::Running),
+            ]
+        );
+        let s = t.switches;
+        assert_eq!((s.voluntary_switches, s.involuntary_switches), (1, 1));
+        assert_eq!(s.wakeups, 1);
     }
 
     #[test]

@@ -234,7 +234,8 @@ impl Writer {
     }
 }
 
-/// Track identifiers: the process, each thread, each thread's CUDA track, the counters.
+/// Track identifiers: the process, each thread, each thread's CUDA, request and collection
+/// tracks, the counters.
 const PROCESS_UUID: u64 = 1;
 /// The other processes of the target set.
 fn process_uuid(pid: u32) -> u64 {
@@ -251,6 +252,9 @@ fn requests_uuid(tid: u32) -> u64 {
 }
 fn cpu_uuid(cpu: u32) -> u64 {
     0x6_0000_0000 | cpu as u64
+}
+fn pauses_uuid(tid: u32) -> u64 {
+    0x7_0000_0000 | tid as u64
 }
 const RUNQ_UUID: u64 = 10;
 const MPKI_UUID: u64 = 11;
@@ -315,6 +319,7 @@ pub fn render(rec: &Recording) -> Vec<u8> {
             state_slice(&mut w, t.tid, i, &names);
         }
         requests_track(&mut w, rec, (t.tid, &name), uuid_of(pid));
+        pauses_track(&mut w, rec, (t.tid, &name), uuid_of(pid));
         let spans: Vec<_> = timeline::cuda_spans(&rec.cuda_syncs, t.tid).collect();
         if !spans.is_empty() {
             let mut d = Msg::default();
@@ -359,6 +364,39 @@ fn state_slice(w: &mut Writer, tid: u32, i: &timeline::Interval, names: &Names) 
             w.slice_with(thread_uuid(tid), span, "waiting for a CPU", &args)
         }
         (s, _, _) => w.slice(thread_uuid(tid), span.0, span.1, s.name()),
+    }
+}
+
+/// A thread's garbage collections, on a track of their own: a collection runs on the thread
+/// and spans its state slices (it may be preempted inside one), so it cannot nest in them.
+fn pauses_track(w: &mut Writer, rec: &Recording, (tid, name): (u32, &str), parent: u64) {
+    let mut pauses = rec
+        .runtime_pauses
+        .iter()
+        .filter(|p| p.tid == tid)
+        .peekable();
+    if pauses.peek().is_none() {
+        return;
+    }
+    let mut d = Msg::default();
+    d.uint(TRACK_UUID, pauses_uuid(tid))
+        .uint(TRACK_PARENT, parent)
+        .string(TRACK_NAME, &format!("{tid} {name}: garbage collections"));
+    w.track(&d);
+    for p in pauses {
+        let generation = p.generation.map(u64::from);
+        let mut args = Vec::new();
+        if let Some(g) = generation {
+            args.push(Arg::Uint("generation", g));
+        }
+        if let Some(c) = p.collected {
+            args.push(Arg::Uint("collected", c));
+        }
+        let title = match generation {
+            Some(g) => format!("gc (generation {g})"),
+            None => "gc".to_string(),
+        };
+        w.slice_with(pauses_uuid(tid), (p.start_ns, p.end_ns), &title, &args);
     }
 }
 

@@ -249,7 +249,7 @@ pub fn recording(
     let threads = assemble_threads(inputs, w.start, w.end);
     let mut cgroups = w.cgroups.into_iter();
     let mut rec = Recording {
-        tracer_version: env!("CARGO_PKG_VERSION").into(),
+        tracer_version: crate::VERSION.into(),
         target: target_meta(target),
         probe_mode: probes.mode(),
         probe_fallback_reason: probes.fallback_reason.clone(),

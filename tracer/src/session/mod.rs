@@ -86,7 +86,7 @@ fn trace_meta(
     threads: BTreeMap<u32, ThreadInfo>,
 ) -> TraceMeta {
     TraceMeta {
-        tracer_version: env!("CARGO_PKG_VERSION").into(),
+        tracer_version: crate::VERSION.into(),
         target: assemble::target_meta(target),
         host: host.clone(),
         probe_mode: probes.mode(),

@@ -34,7 +34,7 @@ impl Upgrade {
         let st = self.threads.entry(ev.tid).or_default();
         match kind {
             EventKind::SwitchOut => {
-                st.runnable = ev.aux == 1;
+                st.runnable = ev.aux & 1 == 1;
                 st.moved = false;
             }
             EventKind::Wakeup | EventKind::WakeupNew => st.runnable = true,

@@ -59,9 +59,11 @@ pub struct Lane {
     pub bin_ns: u64,
     pub run: Vec<u64>,
     pub rq: Vec<u64>,
-    /// Synchronizing CUDA calls and requests served, as (start, end) pairs, delta-encoded.
+    /// Synchronizing CUDA calls, requests served and garbage collections, as (start, end)
+    /// pairs, delta-encoded.
     pub sync: Vec<u64>,
     pub req: Vec<u64>,
+    pub gc: Vec<u64>,
 }
 
 /// Run-queue wait per CPU and bin (ns), each wait on the CPU that ended it.
@@ -156,6 +158,12 @@ fn lanes(rec: &Recording, report: &Report) -> (Vec<Lane>, usize) {
             lane.sync = delta(
                 timeline::cuda_spans(&rec.cuda_syncs, t.tid)
                     .flat_map(|c| [rel(c.start_ns), rel(c.end_ns)]),
+            );
+            lane.gc = delta(
+                rec.runtime_pauses
+                    .iter()
+                    .filter(|p| p.tid == t.tid)
+                    .flat_map(|p| [rel(p.start_ns), rel(p.end_ns)]),
             );
             if let Some(r) = &rec.requests {
                 let spans = r.spans.iter().filter(|x| x.tid == t.tid);

@@ -151,7 +151,7 @@
       for (let i = 0; i + 1 < B.length; i++) c[i + 1] = c[i] + rate[i] * (B[i + 1] - B[i]);
       return c;
     };
-    return { B, rr, rq, cr: cum(rr), cq: cum(rq), sync: undelta(L.sync), req: undelta(L.req) };
+    return { B, rr, rq, cr: cum(rr), cq: cum(rq), sync: undelta(L.sync), req: undelta(L.req), gc: undelta(L.gc) };
   }
   function at(m, c, rate, t) {
     const B = m.B, n = B.length;
@@ -195,12 +195,14 @@
       const ctx = u.ctx, bb = u.bbox, dpr = devicePixelRatio || 1;
       const { min, max } = u.scales.x;
       const cols = Math.floor(bb.width), left = Math.round(bb.left), top = Math.round(bb.top);
-      // Each lane: a gap, a strip of requests served, a strip of CUDA syncs, then the states.
+      // Each lane: a gap, a strip of requests served, a strip of CUDA syncs and garbage
+      // collections (a thread is never in both: a collection holds the GIL, a sync releases it),
+      // then the states.
       const laneH = Math.floor(bb.height / n), gap = Math.max(1, Math.round(dpr)), sh = Math.max(2, Math.round(2 * dpr));
       const H = laneH - gap - 2 * sh;
       const ns = (px) => (min + (px / cols) * (max - min)) * 1e9;
       ctx.save();
-      const paths = { run: new Path2D(), rq: new Path2D(), blk: new Path2D(), sync: new Path2D(), req: new Path2D(), tail: new Path2D() };
+      const paths = { run: new Path2D(), rq: new Path2D(), blk: new Path2D(), sync: new Path2D(), gc: new Path2D(), req: new Path2D(), tail: new Path2D() };
       const strip = (path, v, y) => {
         for (let k = 0; k + 1 < v.length; k += 2) {
           if (v[k + 1] < min * 1e9 || v[k] > max * 1e9) continue;
@@ -230,8 +232,9 @@
         strip(paths.req, m.req, ys);
         strip(paths.tail, tailSpans[i].flat(), ys);
         strip(paths.sync, m.sync, ys + sh);
+        strip(paths.gc, m.gc, ys + sh);
       }
-      for (const [k, col] of [["blk", "blk"], ["rq", "rq"], ["run", "run"], ["sync", "sync"], ["req", "req"], ["tail", "tail"]]) {
+      for (const [k, col] of [["blk", "blk"], ["rq", "rq"], ["run", "run"], ["sync", "sync"], ["gc", "gc"], ["req", "req"], ["tail", "tail"]]) {
         ctx.fillStyle = C(col);
         ctx.fill(paths[k]);
       }

@@ -123,7 +123,8 @@ impl CudaProbes {
             let Some(&offset) = offsets.get(f.symbol()) else {
                 continue;
             };
-            let mut probes = vec!["cuda_call_enter"];
+            let enter = entry_program(f);
+            let mut probes = vec![enter.as_str()];
             if f.synchronizes() {
                 probes.push("cuda_call_exit");
             }
@@ -134,7 +135,7 @@ impl CudaProbes {
                     .try_into()?;
                 let point = UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
-                    cookie: Some(f as u64),
+                    cookie: None,
                 };
                 let id = prog
                     .attach(point, path, UProbeScope::AllProcesses)
@@ -199,7 +200,20 @@ impl CudaProbes {
     }
 }
 
-/// Loads the two CUDA programs and attaches them to every function in `CudaFn` that libcuda
+/// The entry program of function `f`: one per function, since attach cookies (which could
+/// tell one program which function it was entered from) exist only from Linux 5.15.
+fn entry_program(f: CudaFn) -> String {
+    format!("cuda_enter_{}", f as u32)
+}
+
+/// Every CUDA program: the entries, then the return probe.
+pub fn program_names() -> Vec<String> {
+    let mut names: Vec<String> = CudaFn::ALL.into_iter().map(entry_program).collect();
+    names.push("cuda_call_exit".into());
+    names
+}
+
+/// Loads the CUDA programs and attaches them to every function in `CudaFn` that libcuda
 /// (driver API) or libcudart (runtime API) exports (the return probe on the synchronizing
 /// ones), in each distinct library file the members (`pids`, this tool's numbering) have
 /// mapped. Probes fire for any process using the files (a per-process uprobe would only
@@ -208,7 +222,7 @@ impl CudaProbes {
 /// libcuda is probed, for one that initializes it during the window (`add_mapped` adds the
 /// runtime it brings).
 pub fn attach(ebpf: &mut Ebpf, pids: &[u32]) -> Result<CudaProbes> {
-    for name in ["cuda_call_enter", "cuda_call_exit"] {
+    for name in &program_names() {
         let prog: &mut UProbe = ebpf
             .program_mut(name)
             .with_context(|| format!("program {name}"))?

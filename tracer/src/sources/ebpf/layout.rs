@@ -37,6 +37,9 @@ pub struct TaskOffsets {
     /// The system call number in `struct pt_regs`, where `bpf_task_pt_regs` (Linux 5.15) and
     /// `bpf_get_current_task_btf` (5.11) exist: what a woken thread was blocked in.
     pub regs_syscall: Option<u32>,
+    /// `task_struct.on_rq`: how `sched_switch` without `prev_state` (before 5.18) tells a
+    /// blocking switch-out where the task's counters were not read yet.
+    pub on_rq: u32,
 }
 
 /// What a recording says about where its wakeup times come from.
@@ -95,6 +98,7 @@ impl TaskOffsets {
             counts,
             real_parent: at(&["real_parent"]).ok(),
             flags: at(&["flags"])?,
+            on_rq: at(&["on_rq"])?,
             regs_syscall: (|| {
                 if !btf.has_func("bpf_task_pt_regs") || !btf.has_func("bpf_get_current_task_btf") {
                     return None;
@@ -124,6 +128,7 @@ impl TaskOffsets {
         config.task_cpu_off = self.cpu;
         config.task_real_parent_off = self.real_parent.unwrap_or(0);
         config.task_flags_off = self.flags;
+        config.task_on_rq_off = self.on_rq;
         config.regs_syscall_off = self.regs_syscall.unwrap_or(u32::MAX);
         if let Some([kn, id, root, hierarchy]) = self.cgroup {
             config.cgroup_kn_off = kn;

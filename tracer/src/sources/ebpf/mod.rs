@@ -143,6 +143,8 @@ pub struct SchedProbes {
     /// kernel's BTF gave the cgroup offsets).
     follow_cgroups: bool,
     cgroup_offsets: bool,
+    /// The tp_btf `sched_switch` program the kernel took (`SWITCH_PROGRAMS`).
+    switch_program: &'static str,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -286,6 +288,7 @@ impl SchedProbes {
         perf: &PerfSet,
         timeline: bool,
     ) -> Result<Self> {
+        kernel_floor(&std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default())?;
         if OBJECT.is_empty() {
             return Err(load_error(
                 "this binary was built without its eBPF programs (AYA_BUILD_SKIP); rebuild it \
@@ -319,7 +322,7 @@ impl SchedProbes {
             config.request_id_arg = u32::from(arg);
         }
 
-        let (mode, btf, fallback_reason) = match opts.choice {
+        let (mode, btf, mut fallback_reason) = match opts.choice {
             ProbeChoice::Classic => (ProbeMode::Classic, None, Some("--probes classic".into())),
             ProbeChoice::Btf | ProbeChoice::Auto => match btf_setup(&btf_path, &mut config) {
                 Ok(btf) => (ProbeMode::TpBtf, Some(btf), None),
@@ -329,38 +332,25 @@ impl SchedProbes {
                 Err(e) => return Err(e.context("tp_btf probes need the kernel's BTF")),
             },
         };
-        if mode == ProbeMode::Classic {
-            let why = fallback_reason.clone().unwrap_or_default();
-            let tracefs = match layout::find_tracefs() {
-                layout::Tracefs::At(root) => root,
-                layout::Tracefs::NotMounted => {
-                    layout::mount_tracefs().map_err(|e| TracerError::NoTracefs {
-                        why,
-                        detail: format!("not mounted, and mounting it failed: {e:#}"),
-                    })?
-                }
-                unreadable => Err(TracerError::NoTracefs {
-                    why,
-                    detail: unreadable.problem().unwrap_or_default(),
-                })?,
-            };
-            layout::apply_classic_formats(&tracefs, &mut config)?;
-        }
-
-        let cpus = possible_cpus()?;
-        config.counter_mask = perf.mask;
-        let mut ebpf = EbpfLoader::new()
-            .btf(btf.as_ref())
-            .override_global("CONFIG", &config, true)
-            .map_max_entries("CPU_WAIT", cpus)
-            .map_max_entries("EVENTS", opts.ring_bytes)
-            .map_max_entries("THREAD_SLOTS", thread_slots)
-            .load(OBJECT)
-            .map_err(|e| load_error_of("", &e))?;
-        let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
-        mark_targets(&mut ebpf, tgids, true)?;
-        install_counters(&ebpf, perf)?;
-        load_programs(&mut ebpf, mode, btf.as_ref())?;
+        let why = fallback_reason.clone().unwrap_or_default();
+        let loaded = match load_object((mode, &why), btf.as_ref(), config, tgids, opts, perf) {
+            // A kernel whose verifier rejects a tp_btf program (an argument or helper it
+            // lacks) still has the classic tracepoints: auto mode takes them, and says why.
+            Err(e) if mode == ProbeMode::TpBtf && opts.choice == ProbeChoice::Auto => {
+                let why = format!("the kernel rejected a tp_btf program: {e:#}");
+                let mut classic = config;
+                classic.task_counts = 0;
+                let classic_mode = (ProbeMode::Classic, why.as_str());
+                let done = load_object(classic_mode, None, classic, tgids, opts, perf)
+                    .with_context(|| why.clone())?;
+                fallback_reason = Some(why);
+                done
+            }
+            other => other?,
+        };
+        let mode = loaded.mode;
+        let (mut ebpf, slots, switch_program) = (loaded.ebpf, loaded.slots, loaded.switch_program);
+        let config = loaded.config;
         let btf_capability = match &btf {
             Some(_) => crate::recording::Capability {
                 available: true,
@@ -372,6 +362,13 @@ impl SchedProbes {
             },
             None => layout::btf_capability(&btf_path),
         };
+        let mut btf_capability = btf_capability;
+        if switch_program == SWITCH_PROGRAMS[1] {
+            btf_capability.reason.push_str(
+                "; sched_switch without prev_state (Linux < 5.18): whether a switch blocked is \
+                 read from the task's own nvcsw",
+            );
+        }
         // The parsed BTF (27 MB here) is done with once the programs are in; handing it back
         // before the ring buffer is mapped (twice its size, all resident) keeps the two out
         // of the same peak (BENCHMARKS.md).
@@ -404,12 +401,40 @@ impl SchedProbes {
             slots,
             reaps: 0,
             follow_cgroups: false,
-            cgroup_offsets: config.cgroup_kn_off != 0,
+            cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
+            switch_program,
         })
     }
 
     pub fn mode(&self) -> ProbeMode {
         self.mode
+    }
+
+    /// Puts each family of uprobe programs (CUDA calls, request markers, GC probes) through
+    /// the verifier, attaching nothing: what `doctor` checks, since a kernel can take the
+    /// scheduler programs and still refuse these.
+    pub fn load_uprobe_families(&mut self) -> Vec<(&'static str, Result<()>)> {
+        let cuda: Vec<String> = cuda::program_names();
+        let families: [(&'static str, Vec<&str>); 3] = [
+            ("CUDA calls", cuda.iter().map(String::as_str).collect()),
+            ("request markers", vec!["request_start", "request_end"]),
+            ("GC probes", vec!["gc_start", "gc_done"]),
+        ];
+        let ebpf = &mut self.ebpf;
+        families
+            .into_iter()
+            .map(|(family, names)| {
+                let loaded = names.into_iter().try_for_each(|name| {
+                    let prog: &mut aya::programs::UProbe = ebpf
+                        .program_mut(name)
+                        .with_context(|| format!("program {name}"))?
+                        .try_into()?;
+                    prog.load()
+                        .map_err(|e| load_error_of(&format!("{name}: "), &e).into())
+                });
+                (family, loaded)
+            })
+            .collect()
     }
 
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
@@ -418,6 +443,11 @@ impl SchedProbes {
         match self.mode {
             ProbeMode::TpBtf => {
                 for (name, _) in BTF_PROGRAMS {
+                    let name = if name == SWITCH_PROGRAMS[0] {
+                        self.switch_program
+                    } else {
+                        name
+                    };
                     let prog: &mut BtfTracePoint = self
                         .ebpf
                         .program_mut(name)
@@ -508,10 +538,15 @@ impl SchedProbes {
                 self.gc_probes[i].raise_in(proc_pid, &py.path, &path)
             } else {
                 usdt::attach_gc(&mut self.ebpf, proc_pid, &py.path, &path).map(|g| {
-                    self.gc_files.push(canon);
+                    self.gc_files.push(canon.clone());
                     self.gc_probes.push(g);
                 })
             };
+            let attached = attached.and_then(|()| {
+                let file = self.gc_files.iter().position(|f| *f == canon);
+                let args = file.map_or([0; 2], |i| self.gc_probes[i].args);
+                usdt::set_gc_args(&mut self.ebpf, pid, args, self.gc_files.len() == 1)
+            });
             self.pause_probes
                 .push(crate::recording::pauses::PauseProbe {
                     pid,
@@ -594,19 +629,131 @@ impl Drop for SchedProbes {
     }
 }
 
+/// The oldest kernel the programs are written for: the BPF ring buffer (5.8) carries every
+/// record, and CAP_BPF / CAP_PERFMON (5.8) are what an unprivileged deployment grants.
+const KERNEL_FLOOR: (u32, u32) = (5, 8);
+
+/// Refuses a kernel older than `KERNEL_FLOOR`, by its release string (`5.4.0-150-generic`);
+/// one that cannot be parsed is let through (the loader then says what fails).
+fn kernel_floor(release: &str) -> Result<()> {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let (Some(Ok(major)), Some(Ok(minor))) = (
+        parts.next().map(str::parse::<u32>),
+        parts.next().map(str::parse::<u32>),
+    ) else {
+        return Ok(());
+    };
+    if (major, minor) < KERNEL_FLOOR {
+        return Err(load_error(format!(
+            "Linux {} is older than {}.{}, the oldest kernel tracer supports (it needs the BPF \
+             ring buffer and CAP_BPF); run it on Linux 5.8 or newer (Ubuntu 20.04 with its HWE \
+             kernel, Debian 11, RHEL 9)",
+            release.trim(),
+            KERNEL_FLOOR.0,
+            KERNEL_FLOOR.1
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// What `load_object` made: the object in the kernel, with the family it loaded.
+struct Loaded {
+    ebpf: Ebpf,
+    slots: slots::ThreadSlots,
+    mode: ProbeMode,
+    switch_program: &'static str,
+    config: Config,
+}
+
+/// Loads the object with `config` (completed for classic tracepoints from tracefs), marks the
+/// targets, installs the counters, and loads every program of `mode`'s family (`why`: why
+/// classic, when it is).
+fn load_object(
+    (mode, why): (ProbeMode, &str),
+    btf: Option<&Btf>,
+    mut config: Config,
+    tgids: &[u32],
+    opts: &ProbeOptions,
+    perf: &PerfSet,
+) -> Result<Loaded> {
+    if mode == ProbeMode::Classic {
+        classic_formats(&mut config, why)?;
+    }
+    let cpus = possible_cpus()?;
+    config.counter_mask = perf.mask;
+    let thread_slots = config.thread_slot_mask + 1;
+    let mut ebpf = EbpfLoader::new()
+        .btf(btf)
+        .override_global("CONFIG", &config, true)
+        .map_max_entries("CPU_WAIT", cpus)
+        .map_max_entries("EVENTS", opts.ring_bytes)
+        .map_max_entries("THREAD_SLOTS", thread_slots)
+        .load(OBJECT)
+        .map_err(|e| load_error_of("", &e))?;
+    let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
+    mark_targets(&mut ebpf, tgids, true)?;
+    install_counters(&ebpf, perf)?;
+    let switch_program = load_programs(&mut ebpf, mode, btf)?;
+    Ok(Loaded {
+        ebpf,
+        slots,
+        mode,
+        switch_program,
+        config,
+    })
+}
+
+/// Fills in the classic tracepoints' field offsets from tracefs (mounting it if need be).
+/// `why` says why classic tracepoints are used, for the error when tracefs cannot be had.
+fn classic_formats(config: &mut Config, why: &str) -> Result<()> {
+    let why = why.to_string();
+    let tracefs = match layout::find_tracefs() {
+        layout::Tracefs::At(root) => root,
+        layout::Tracefs::NotMounted => {
+            layout::mount_tracefs().map_err(|e| TracerError::NoTracefs {
+                why,
+                detail: format!("not mounted, and mounting it failed: {e:#}"),
+            })?
+        }
+        unreadable => Err(TracerError::NoTracefs {
+            why,
+            detail: unreadable.problem().unwrap_or_default(),
+        })?,
+    };
+    layout::apply_classic_formats(&tracefs, config)
+}
+
+/// The tp_btf `sched_switch` programs, the first where the tracepoint passes `prev_state`
+/// (Linux 5.18+), the second for older kernels, whose verifier rejects a fourth argument.
+const SWITCH_PROGRAMS: [&str; 2] = ["sched_switch_btf", "sched_switch_btf_3args"];
+
 /// Loads every program of the chosen family into the kernel (through the verifier), attaching
-/// nothing.
-fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<()> {
+/// nothing. Returns the `sched_switch` program that loaded.
+fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<&'static str> {
+    let mut switch = SWITCH_PROGRAMS[0];
     match mode {
         ProbeMode::TpBtf => {
             let btf = btf.context("BTF")?;
-            for (name, tracepoint) in BTF_PROGRAMS.into_iter().chain([CGROUP_PROGRAM]) {
+            let load = |ebpf: &mut Ebpf, name: &str, tracepoint: &str| -> Result<()> {
                 let prog: &mut BtfTracePoint = ebpf
                     .program_mut(name)
                     .with_context(|| format!("program {name}"))?
                     .try_into()?;
                 prog.load(tracepoint, btf)
-                    .map_err(|e| load_error_of(&format!("{name}: "), &e))?;
+                    .map_err(|e| load_error_of(&format!("{name}: "), &e).into())
+            };
+            // Tests take the older kernels' program on this one (where it loads too).
+            let old = std::env::var_os("TRACER_TEST_SWITCH_WITHOUT_STATE").is_some();
+            for (name, tracepoint) in BTF_PROGRAMS.into_iter().chain([CGROUP_PROGRAM]) {
+                if name == SWITCH_PROGRAMS[0] && (old || load(ebpf, name, tracepoint).is_err()) {
+                    switch = SWITCH_PROGRAMS[1];
+                    load(ebpf, switch, tracepoint)?;
+                    continue;
+                }
+                if name != SWITCH_PROGRAMS[0] {
+                    load(ebpf, name, tracepoint)?;
+                }
             }
         }
         ProbeMode::Classic => {
@@ -620,7 +767,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
             }
         }
     }
-    Ok(())
+    Ok(switch)
 }
 
 fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
@@ -687,4 +834,26 @@ fn install_counters(ebpf: &Ebpf, perf: &PerfSet) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_below_5_8_are_refused_with_what_to_do() {
+        for old in ["5.4.0-150-generic", "4.18.0-553.el8_10.x86_64", "5.7.19"] {
+            let e = kernel_floor(old).unwrap_err().to_string();
+            assert!(e.contains("older than 5.8") && e.contains(old), "{e}");
+        }
+        for new in [
+            "5.8.0",
+            "5.10.0-32-amd64",
+            "6.18.44-fc-v1045",
+            "10.0",
+            "weird",
+        ] {
+            assert!(kernel_floor(new).is_ok(), "{new}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Attaching the request-marker uprobe to the pair of functions that bracket a request in the
 //! target (`--request-start BIN:SYMBOL --request-end BIN:SYMBOL`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use aya::{
@@ -11,7 +11,6 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
     },
 };
-use tracer_common::{REQUEST_END_COOKIE, REQUEST_START_COOKIE};
 
 use super::{cuda::find_library, elf};
 
@@ -60,11 +59,29 @@ fn resolve(pids: &[u32], binary: &str) -> Result<PathBuf> {
         return Ok(p);
     }
     if binary.starts_with('/') {
-        let p = PathBuf::from(format!("/proc/{pid}/root{binary}"));
-        if !p.exists() {
-            bail!("{binary} does not exist in PID {pid}'s filesystem");
+        // The executable of a member itself: /proc/M/exe leads the kernel straight to the
+        // file, without walking the path again (on a 9p root under qemu, walks through
+        // /proc/PID/root failed intermittently with ENOENT, in our lookup and the kernel's).
+        if let Some(m) = pids.iter().find(|&&m| {
+            std::fs::read_link(format!("/proc/{m}/exe")).is_ok_and(|e| e == Path::new(binary))
+        }) {
+            return Ok(PathBuf::from(format!("/proc/{m}/exe")));
         }
-        return Ok(p);
+        let p = PathBuf::from(format!("/proc/{pid}/root{binary}"));
+        if p.exists() {
+            return Ok(p);
+        }
+        // /proc/PID/root does not lead through every filesystem (a 9p or virtiofs root under
+        // qemu, seen with virtme-ng): in our own mount namespace the path is the same file.
+        let ns = |who: &str| std::fs::read_link(format!("/proc/{who}/ns/mnt")).ok();
+        if ns("self").is_some() && ns("self") == ns(&pid.to_string()) && Path::new(binary).exists()
+        {
+            return Ok(PathBuf::from(binary));
+        }
+        let why = std::fs::metadata(&p)
+            .err()
+            .map_or(String::new(), |e| format!(" ({e})"));
+        bail!("{binary} does not exist in PID {pid}'s filesystem{why}");
     }
     bail!(
         "no traced process has a file named {binary}* mapped (see /proc/{pid}/maps); give \
@@ -73,16 +90,13 @@ fn resolve(pids: &[u32], binary: &str) -> Result<PathBuf> {
 }
 
 pub fn attach(ebpf: &mut Ebpf, pids: &[u32], m: &RequestMarkers) -> Result<Vec<UProbeLink>> {
-    let prog: &mut UProbe = ebpf
-        .program_mut("request_marker")
-        .context("program request_marker")?
-        .try_into()?;
-    prog.load().context("loading request_marker")?;
     let mut links = Vec::new();
-    for (marker, cookie) in [
-        (&m.start, REQUEST_START_COOKIE),
-        (&m.end, REQUEST_END_COOKIE),
-    ] {
+    for (marker, name) in [(&m.start, "request_start"), (&m.end, "request_end")] {
+        let prog: &mut UProbe = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name}"))?
+            .try_into()?;
+        prog.load().with_context(|| format!("loading {name}"))?;
         let path = resolve(pids, &marker.binary)?;
         let offsets = elf::symbol_offsets(&path, &[marker.symbol.as_str()])?;
         let Some(&offset) = offsets.get(marker.symbol.as_str()) else {
@@ -96,7 +110,7 @@ pub fn attach(ebpf: &mut Ebpf, pids: &[u32], m: &RequestMarkers) -> Result<Vec<U
         };
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: Some(cookie),
+            cookie: None,
         };
         let id = prog
             .attach(point, &path, UProbeScope::AllProcesses)

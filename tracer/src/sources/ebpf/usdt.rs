@@ -216,6 +216,8 @@ pub struct GcProbes {
     /// The semaphores' link-time addresses, and those raised.
     pub sems: Vec<u64>,
     pub semaphores: Vec<Semaphore>,
+    /// Where the file's probes keep their argument, `[gc__start, gc__done]`, for `GC_ARGS`.
+    pub args: [u64; 2],
 }
 
 impl GcProbes {
@@ -230,45 +232,45 @@ impl GcProbes {
     }
 }
 
-/// Attaches `gc_probe` to the GC probes of the interpreter at `path` (`shown` as process
-/// `proc_pid` sees it) and raises their semaphores in that process.
+/// Attaches `gc_start` and `gc_done` to the GC probes of the interpreter at `path` (`shown`
+/// as process `proc_pid` sees it) and raises their semaphores in that process.
 pub fn attach_gc(ebpf: &mut Ebpf, proc_pid: u32, shown: &str, path: &Path) -> Result<GcProbes> {
     let probes = find(path, &["gc__start", "gc__done"])?;
     if probes.len() < 2 {
         bail!("{shown} has no gc__start/gc__done USDT probes");
     }
-    let prog: &mut UProbe = ebpf
-        .program_mut("gc_probe")
-        .context("program gc_probe")?
-        .try_into()?;
-    if prog.fd().is_err() {
-        prog.load().map_err(|e| {
-            // The verifier's log, when there is one, is for a developer, not this note.
-            let e = e.to_string();
-            let e = e
-                .split(". Verifier output")
-                .next()
-                .unwrap_or(&e)
-                .to_string();
-            anyhow!(
-                "loading the GC probe: {e} (it needs bpf_get_attach_cookie, Linux 5.15 or later)"
-            )
-        })?;
-    }
     let mut out = GcProbes {
         links: vec![],
         sems: vec![],
         semaphores: vec![],
+        args: [cookie(GC_START, ""), cookie(GC_DONE, "")],
     };
     for p in &probes {
-        let kind = if p.name == "gc__done" {
-            GC_DONE
+        let (kind, name) = if p.name == "gc__done" {
+            (GC_DONE, "gc_done")
         } else {
-            GC_START
+            (GC_START, "gc_start")
         };
+        out.args[kind as usize] = cookie(kind, &p.arg);
+        let prog: &mut UProbe = ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name}"))?
+            .try_into()?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| {
+                // The verifier's log, when there is one, is for a developer, not this note.
+                let e = e.to_string();
+                let e = e
+                    .split(". Verifier output")
+                    .next()
+                    .unwrap_or(&e)
+                    .to_string();
+                anyhow!("loading the GC probe {name}: {e}")
+            })?;
+        }
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(p.offset),
-            cookie: Some(cookie(kind, &p.arg)),
+            cookie: None,
         };
         let id = prog
             .attach(point, path, UProbeScope::AllProcesses)
@@ -285,6 +287,18 @@ pub fn attach_gc(ebpf: &mut Ebpf, proc_pid: u32, shown: &str, path: &Path) -> Re
     out.sems = sems;
     out.raise_in(proc_pid, shown, path)?;
     Ok(out)
+}
+
+/// Tells the GC programs where process `pid`'s probes keep their argument; `default` makes it
+/// also what a process without an entry of its own (forked from a member later) uses.
+pub fn set_gc_args(ebpf: &mut Ebpf, pid: u32, args: [u64; 2], default: bool) -> Result<()> {
+    let mut map: aya::maps::HashMap<_, u32, [u64; 2]> =
+        aya::maps::HashMap::try_from(ebpf.map_mut("GC_ARGS").context("GC_ARGS map")?)?;
+    map.insert(pid, args, 0)?;
+    if default {
+        map.insert(0, args, 0)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
