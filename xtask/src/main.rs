@@ -8,6 +8,7 @@ mod bench;
 mod fuzz;
 mod scenarios;
 mod setup;
+mod vmtest;
 
 use std::{
     path::PathBuf,
@@ -63,6 +64,11 @@ enum Cmd {
         #[arg(long)]
         gpu: Option<bool>,
     },
+    /// Boot Debian's distro kernels (5.10, 6.1, 6.1-rt, 6.12) under QEMU's software emulation
+    /// with virtme-ng, the host's root filesystem shared read-only, and run the tracer there:
+    /// doctor, exact counts per probe mode, the cpu-contention demo; and the running kernel
+    /// natively. Builds the release binary and the count checks; caches under target/vmtest.
+    Vmtest(vmtest::VmtestArgs),
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -96,7 +102,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn render(cmd: &Command) -> String {
+pub(crate) fn render(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|a| a.to_string_lossy().into_owned())
@@ -225,6 +231,7 @@ fn main() -> ExitCode {
         Cmd::Scenarios { repeat, gpu } => scenarios::scenarios(repeat, gpu),
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::Fuzz { seconds } => fuzz::fuzz(seconds),
+        Cmd::Vmtest(args) => vmtest::vmtest(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

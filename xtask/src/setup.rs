@@ -15,9 +15,10 @@ use crate::{is_root, run};
 /// (decodes the Perfetto output in the tests), Chromium (renders the HTML output in the
 /// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer),
 /// Python's venv (the Perfetto test installs Perfetto's published protos in one), Prometheus
-/// (the export test scrapes `tracer watch` with the real server). A probe is a
+/// (the export test scrapes `tracer watch` with the real server), qemu, seabios and a static
+/// busybox (`vmtest` boots other kernels; virtme-ng builds its initramfs with busybox). A probe is a
 /// program, a path, or a shell command (with a space) that succeeds when the package is there.
-const APT_PACKAGES: [(&str, &str); 10] = [
+const APT_PACKAGES: [(&str, &str); 14] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
@@ -28,6 +29,10 @@ const APT_PACKAGES: [(&str, &str); 10] = [
     ("bpftrace", "bpftrace"),
     ("python3-venv", "python3 -c 'import ensurepip'"),
     ("prometheus", "prometheus"),
+    ("qemu-system-x86", "qemu-system-x86_64"),
+    ("seabios", "/usr/share/seabios/bios.bin"),
+    ("busybox-static", "busybox"),
+    ("kmod", "/sbin/depmod"),
 ];
 
 fn have(program: &str) -> bool {
