@@ -15,7 +15,7 @@ use std::{
     path::PathBuf,
     sync::{
         Arc, Condvar, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread,
     time::Duration,
@@ -45,7 +45,7 @@ pub struct WorkloadArgs {
     /// Run every thread on these CPUs only (e.g. 0 or 0,1).
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
-    /// Run this long, then write the log and exit.
+    /// Run this long, then write the log and exit (SIGINT ends it sooner, the same way).
     #[arg(long, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub duration: Duration,
     /// Where to write one JSON line per request: {"start_ns", "end_ns", "tid", "id"}, after a
@@ -211,13 +211,34 @@ pub fn run(args: WorkloadArgs) -> Result<()> {
     Ok(())
 }
 
-/// Admits requests at the steady rate for the duration: `each(id, admission time)`.
+/// Set by SIGINT: stop admitting, serve what is queued, write the log and exit. The demo
+/// stops its server so once the recording is over, however long attaching took (BPF loading
+/// under emulation has taken longer than the whole demo window).
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn stop_on_sigint() {
+    // SAFETY: the handler only stores to an atomic; the zeroed sigaction has an empty mask
+    // and no flags.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as usize;
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Admits requests at the steady rate for the duration, or until SIGINT: `each(id, admission
+/// time)`.
 fn admit(args: &WorkloadArgs, mut each: impl FnMut(u64, u64) -> Result<()>) -> Result<()> {
+    stop_on_sigint();
     let interval_ns = 1_000_000_000 / u64::from(args.rate.max(1));
     let end = monotonic_ns() + args.duration.as_nanos() as u64;
     let mut next = monotonic_ns();
     let mut id = 0u64;
-    while next < end {
+    while next < end && !STOP.load(Ordering::Relaxed) {
         let now = monotonic_ns();
         if now < next {
             thread::sleep(Duration::from_nanos(next - now));

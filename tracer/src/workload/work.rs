@@ -67,21 +67,26 @@ impl Work {
         }
     }
 
-    /// Measures the step rate with a warm cache (best of several tries, so that a preemption
-    /// during one does not skew it) and sizes a request to `work_ns` of it.
+    /// Measures the step rate with a warm cache and sizes a request to `work_ns` of it. The
+    /// probe grows until one try takes at least 1 ms of thread CPU time, and the median of
+    /// seven tries is taken: under emulation (QEMU TCG, an unstable TSC) the thread clock has
+    /// been seen to read a quarter of the true time on some tries, and the minimum of five
+    /// then sized requests so large that the demo server never finished its queue.
     pub fn calibrate(work_ns: u64, working_set: usize) -> Self {
         let mut w = Self::with_steps(0, working_set);
-        let probe = 200_000u64;
+        let mut probe = 50_000u64;
         w.steps(probe); // warm up
-        let best = (0..5)
-            .map(|_| {
-                let t = thread_cpu_ns();
-                w.steps(probe);
-                (thread_cpu_ns() - t).max(1)
-            })
-            .min()
-            .unwrap_or(1);
-        w.steps = (work_ns as u128 * probe as u128 / best as u128).max(1) as u64;
+        let time = |w: &mut Self, n: u64| {
+            let t = thread_cpu_ns();
+            w.steps(n);
+            thread_cpu_ns().saturating_sub(t).max(1)
+        };
+        while probe < 1 << 32 && time(&mut w, probe) < 1_000_000 {
+            probe *= 2;
+        }
+        let mut tries: Vec<u64> = (0..7).map(|_| time(&mut w, probe)).collect();
+        tries.sort_unstable();
+        w.steps = (work_ns as u128 * probe as u128 / tries[3] as u128).max(1) as u64;
         w
     }
 

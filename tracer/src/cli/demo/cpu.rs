@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 
-use super::common::{BASELINE, DemoArgs, Outcome, outcome, read_log, spawn_self};
+use super::common::{BASELINE, DemoArgs, Outcome, Reaped, outcome, read_log, spawn_self};
 use super::scenario::Scenario;
 use crate::{
     session::{record, runtime},
@@ -65,7 +65,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     }
     let log: PathBuf =
         std::env::temp_dir().join(format!("tracer-demo-{}.jsonl", std::process::id()));
-    let total = BASELINE + args.duration + Duration::from_secs(1);
+    // At most: the demo stops it (SIGINT) once the recording is over; the allowance covers
+    // attaching, which under emulation has taken longer than the window itself.
+    let total = BASELINE + args.duration + Duration::from_secs(120);
     // Cache thrash hurts only work that keeps data in the shared cache: in that scenario each
     // request walks a working set of its own, twice the private L2 (so it lives in the LLC)
     // and at most half the LLC, at a rate that leaves room for slower, cold-cache requests.
@@ -134,11 +136,74 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     };
     std::thread::sleep(BASELINE);
     let baseline_end = monotonic_ns();
+    let target = Target::resolve(pid)?;
+    let mut opts = args.record.session_options(Some(args.duration));
+    let exe = std::env::current_exe()?.display().to_string();
+    let marker = |symbol: &str| Marker {
+        binary: exe.clone(),
+        symbol: symbol.into(),
+    };
+    opts.probes.markers = Some(RequestMarkers {
+        start: marker("tracer_request_start"),
+        end: marker("tracer_request_end"),
+        id_arg: Some(0),
+    });
+    opts.keep_timeline = true;
+    let mut disturbance = None;
+    let mut server = server;
+    let rec = runtime()?
+        .block_on(record(
+            &Targets::of(target.clone(), !args.record.no_children),
+            &opts,
+            || {
+                disturbance = inject(
+                    scenario,
+                    (pid, cpu, &others),
+                    limit.as_ref(),
+                    args.duration,
+                    &say,
+                )?;
+                Ok(())
+            },
+        ))
+        .map_err(|e| match server.0.try_wait() {
+            Ok(Some(status)) => e.context(format!("the demo server (PID {pid}) ended: {status}")),
+            _ => e,
+        })?;
+    let own = [pid, disturbance.as_ref().map_or(0, |d| d.0.id())];
+    drop(disturbance);
+    // Stopped now: it serves what is queued, writes its log and exits; a worker that needs
+    // longer than `stop` allows has fallen far behind what its calibration measured.
+    let finished = server.stop();
+    drop(limit);
+    finished?;
+    let spans = read_log(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    Ok(outcome(
+        args.scenario,
+        rec,
+        &own,
+        engine,
+        &spans,
+        (started, baseline_end),
+    ))
+}
+
+/// Starts the scenario's injected cause, for the window's duration and a second (called when
+/// the window opens, so that it overlaps the recording however long attaching took).
+fn inject(
+    scenario: Scenario,
+    at: (u32, usize, &[usize]),
+    limit: Option<&CpuLimit>,
+    duration: Duration,
+    say: &dyn Fn(String),
+) -> Result<Option<Reaped>> {
+    let (pid, cpu, others) = at;
     let disturb_for = format!(
         "--duration={}ms",
-        (args.duration + Duration::from_secs(1)).as_millis()
+        (duration + Duration::from_secs(1)).as_millis()
     );
-    let _disturbance = match scenario {
+    Ok(match scenario {
         Scenario::LockContention => {
             say(format!(
                 "injected: a thread of the server ({}) holds the mutex the worker takes once per \
@@ -228,38 +293,5 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
             ])?)
         }
         _ => unreachable!("GPU scenarios run in gpu.rs; base() is single-process"),
-    };
-    let target = Target::resolve(pid)?;
-    let mut opts = args.record.session_options(Some(args.duration));
-    let exe = std::env::current_exe()?.display().to_string();
-    let marker = |symbol: &str| Marker {
-        binary: exe.clone(),
-        symbol: symbol.into(),
-    };
-    opts.probes.markers = Some(RequestMarkers {
-        start: marker("tracer_request_start"),
-        end: marker("tracer_request_end"),
-        id_arg: Some(0),
-    });
-    opts.keep_timeline = true;
-    let rec = runtime()?.block_on(record(
-        &Targets::of(target.clone(), !args.record.no_children),
-        &opts,
-        || Ok(()),
-    ))?;
-    let own = [pid, _disturbance.as_ref().map_or(0, |d| d.0.id())];
-    drop(_disturbance);
-    let mut server = server;
-    let _ = server.0.wait();
-    drop(limit);
-    let spans = read_log(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
-    Ok(outcome(
-        args.scenario,
-        rec,
-        &own,
-        engine,
-        &spans,
-        (started, baseline_end),
-    ))
+    })
 }

@@ -140,15 +140,13 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ))?;
     let own = [pid, _hog.as_ref().map_or(0, |h| h.0.id())];
     drop(_hog);
-    // The recording is done: the server stops now (SIGINT), writing its latency log, rather
-    // than at the end of a duration that has to cover the hog's start-up too.
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let mut server = server;
-    let _ = server.0.wait();
+    // The recording is done: the server stops now, writing its latency log, rather than at
+    // the end of a duration that has to cover the hog's start-up too.
+    let stopped = server.stop();
     let loaded = load_latencies(&mut rec, &log);
     let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
+    stopped?;
     loaded?;
     Ok(outcome(
         args.scenario,

@@ -78,13 +78,11 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         &opts,
         || Ok(()),
     ))?;
-    // SAFETY: kill(2) on our own child: it writes its log and exits.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let mut server = server;
-    let _ = server.0.wait();
+    let stopped = server.stop();
     let loaded = load_latencies(&mut rec, &log);
     let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
+    stopped?;
     loaded?;
     Ok(outcome(
         args.scenario,
