@@ -42,8 +42,12 @@ for p in trace.packet:
     track = names.get(e.track_uuid, "")
     kind = ("requests" if track.endswith(": requests") else
             "cpu" if track.startswith("CPU ") else
-            "cuda" if track.endswith(": CUDA sync") else "thread")
+            "cuda" if track.endswith(": CUDA sync") else
+            "gc" if track.endswith(": garbage collections") else "thread")
     out["slices"][kind] = out["slices"].get(kind, 0) + 1
+    if kind == "gc":
+        gens = [a.uint_value for a in e.debug_annotations if a.name == "generation"]
+        out.setdefault("gc_generations", []).extend(gens)
     if e.name in ("waiting for a CPU", "runnable (waiting for a CPU)"):
         out["waits"] += 1
         if any(a.name == "ran_before" and a.string_value for a in e.debug_annotations):

@@ -428,3 +428,73 @@ fn a_minute_of_fifty_threads_is_interactive_within_two_seconds() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Columns of the lanes canvas in the garbage-collection colour, per lane, read back from the
+/// strip above each lane's states (where CUDA syncs and collections are drawn).
+const GC_COLUMNS: &str = r#"(() => {
+  const P = window.tracerPage, u = P.lanesChart, bb = u.bbox;
+  const cols = Math.floor(bb.width), left = Math.round(bb.left);
+  const hex = getComputedStyle(document.documentElement).getPropertyValue("--gc").trim();
+  const want = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const sh = Math.max(2, Math.round(2 * (devicePixelRatio || 1)));
+  return JSON.stringify(P.lanes.map((l) => {
+    const row = u.ctx.getImageData(left, l.rows[0] - sh, cols, 1).data;
+    let n = 0;
+    for (let x = 0; x < cols; x++)
+      if (row[4 * x] === want[0] && row[4 * x + 1] === want[1] && row[4 * x + 2] === want[2]) n++;
+    return [l.tid, n, cols];
+  }));
+})()"#;
+
+/// The gc-pause demo's collections are drawn on their thread's lane: the columns in the
+/// collection colour are the thread's collection time over the window, within two columns
+/// per collection (each end rounds to a pixel, and a collection shorter than a column still
+/// takes one), and no other lane has any.
+#[test]
+fn garbage_collections_are_drawn_on_their_threads_lane() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-html-gc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("gc.html");
+    let out = run_tracer(&[
+        "demo",
+        "--scenario",
+        "gc-pause",
+        "--duration",
+        "3s",
+        "--json",
+        "--quiet",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let gc = doc["gc"].as_array().expect("gc in the summary").clone();
+    assert!(!gc.is_empty(), "the scenario collected: {doc}");
+    let browser = browser();
+    let (tab, errors, _) = open(&browser, &page, 1280, 800);
+    screenshot(&tab, "html-gc-1280.png");
+    let drawn: Vec<(u64, u64, u64)> =
+        serde_json::from_str(eval(&tab, GC_COLUMNS).as_str().unwrap()).unwrap();
+    let window = doc["duration_ns"].as_f64().unwrap();
+    for (tid, n, cols) in drawn {
+        let (want, slack) = match gc.iter().find(|g| g["tid"] == tid) {
+            Some(g) => (
+                g["total_ns"].as_f64().unwrap() / window * cols as f64,
+                2.0 * g["collections"].as_f64().unwrap(),
+            ),
+            None => (0.0, 0.0),
+        };
+        assert!(
+            (n as f64 - want).abs() <= slack,
+            "thread {tid}: {n} columns in the collection colour, {want:.1} wanted"
+        );
+    }
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,7 +2,8 @@
 //! the server), decoded with Perfetto's own published protos (the `perfetto` package from PyPI,
 //! installed into a virtual environment under target/ on first use) by tests/perfetto/check.py:
 //! one request slice per decomposed request, run-queue waits that name the task before them,
-//! per-CPU tracks, a MONOTONIC clock snapshot, and timestamps in order.
+//! per-CPU tracks, a MONOTONIC clock snapshot, timestamps in order, and (the gc-pause demo)
+//! one slice per garbage collection.
 
 use std::{path::PathBuf, process::Command};
 
@@ -39,18 +40,17 @@ fn python() -> PathBuf {
     py
 }
 
-#[test]
-fn perfettos_own_protos_read_requests_preemptors_and_cpus() {
-    let _guard = serial();
-    require_root();
+/// Runs a demo scenario for 2 s with a Perfetto trace beside its JSON summary, and decodes the
+/// trace with check.py: (summary, what the trace holds).
+fn demo_trace(scenario: &str) -> (Value, Value) {
     let py = python();
     let dir = std::env::temp_dir().join(format!("tracer-perfetto-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("demo.pftrace");
+    let trace = dir.join(format!("{scenario}.pftrace"));
     let out = run_tracer(&[
         "demo",
         "--scenario",
-        "cpu-contention",
+        scenario,
         "--duration",
         "2s",
         "--json",
@@ -69,6 +69,15 @@ fn perfettos_own_protos_read_requests_preemptors_and_cpus() {
     );
     let got: Value = serde_json::from_slice(&res.stdout).unwrap();
     eprintln!("{got}");
+    let _ = std::fs::remove_dir_all(&dir);
+    (doc, got)
+}
+
+#[test]
+fn perfettos_own_protos_read_requests_preemptors_and_cpus() {
+    let _guard = serial();
+    require_root();
+    let (doc, got) = demo_trace("cpu-contention");
     assert_eq!(got["out_of_order"], 0, "timestamps go back: {got}");
     assert_eq!(
         got["slices"]["requests"], doc["requests"]["requests"],
@@ -87,5 +96,28 @@ fn perfettos_own_protos_read_requests_preemptors_and_cpus() {
     assert_eq!(got["default_clock"], 3, "{got}");
     assert_eq!(got["clock_snapshot"]["primary"], 3, "{got}");
     assert_eq!(got["clock_snapshot"]["clocks"], serde_json::json!([1, 3]));
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The embedded CPython server's garbage collections (the gc-pause scenario: gen-2 collections
+/// of a large cyclic heap) are slices of their own, one per collection the summary counts, each
+/// with its generation.
+#[test]
+fn garbage_collections_are_slices_with_their_generation() {
+    let _guard = serial();
+    require_root();
+    let (doc, got) = demo_trace("gc-pause");
+    let gc = doc["gc"].as_array().expect("gc in the summary");
+    let collections: u64 = gc.iter().map(|t| u(&t["collections"])).sum();
+    let gen2: u64 = gc.iter().map(|t| u(&t["by_generation"][2])).sum();
+    assert!(gen2 > 0, "the scenario's gen-2 collections: {doc}");
+    assert_eq!(u(&got["slices"]["gc"]), collections, "{got}");
+    let gens = got["gc_generations"].as_array().unwrap();
+    assert_eq!(
+        gens.len() as u64,
+        collections,
+        "each slice says its generation"
+    );
+    let traced_gen2 = gens.iter().filter(|g| u(g) == 2).count() as u64;
+    assert_eq!(traced_gen2, gen2, "{got}");
+    assert!(gens.iter().all(|g| u(g) <= 2), "{got}");
 }

@@ -1,13 +1,25 @@
 //! The demo's scenarios: each injects one cause with known ground truth into the built-in
 //! server, and the verdict must name it (docs/ATTRIBUTION.md).
 
-use tracer_tests::{require_root, run_tracer, serial, u};
+use tracer_tests::{require_root, run_tracer, serial, steal_ns, u};
 
-fn scenario(name: &str) -> serde_json::Value {
+/// One scenario run: its document, and the outside disturbance that spoiled it, when every
+/// attempt had one.
+struct Run {
+    doc: serde_json::Value,
+    disturbed: Option<String>,
+}
+
+fn scenario(name: &str) -> Run {
     // A run whose verdict names a process the scenario did not start (kdamond paging out
-    // memory after a build, in our CI) measured a real disturbance, but not the injected
-    // one: it is repeated, at most twice.
+    // memory after a build, in our CI), or during which the hypervisor stole 5 ms or more of a
+    // CPU, measured a real disturbance, but not the injected one: it is repeated, at most
+    // twice, after a pause (the host's steal comes in bursts). The steal the demo read is
+    // checked against /proc/stat read here around the run: a disturbance the tracer claims
+    // and the kernel's own count does not show is no excuse.
+    let mut last = String::new();
     for attempt in 1..=3 {
+        let steal_before = steal_ns();
         let out = run_tracer(&[
             "demo",
             "--scenario",
@@ -17,18 +29,39 @@ fn scenario(name: &str) -> serde_json::Value {
             "--json",
             "--quiet",
         ]);
+        let stolen = steal_ns() - steal_before;
         assert!(out.status.success(), "{name}: {}", out.stderr);
         let doc = out.json();
         let demo = &doc["demo"];
-        if demo["correct"] == true || demo["interference"].is_null() || attempt == 3 {
-            return doc;
+        let i = &demo["interference"];
+        if demo["correct"] == true || i.is_null() {
+            return Run {
+                doc,
+                disturbed: None,
+            };
         }
-        eprintln!(
-            "{name}: run {attempt} disturbed from outside ({}), repeating it",
-            demo["interference"]
-        );
+        if u(&i["pid"]) == 0 {
+            // The demo's worst CPU over its window (a share of the 3 s) within all CPUs'
+            // steal over this longer one: never more, but for rounding. Both are read in
+            // /proc/stat's 10 ms ticks, each within a tick of the truth: two ticks apart at
+            // most, and 2 % for the share's rounding.
+            let claimed = (i["wait_share"].as_f64().unwrap() * 3e9) as u64;
+            assert!(
+                stolen + stolen / 50 + 20_000_000 >= claimed,
+                "{name}: the demo claims {i} but /proc/stat shows {stolen} ns stolen"
+            );
+        }
+        last = format!("{i} ({stolen} ns stolen by /proc/stat)");
+        eprintln!("{name}: run {attempt} disturbed from outside ({last}), repeating it");
+        if attempt == 3 {
+            return Run {
+                doc,
+                disturbed: Some(last),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
     }
-    unreachable!()
+    unreachable!("{last}")
 }
 
 #[test]
@@ -55,15 +88,27 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
         // "unexplained: longer on-CPU time" in 2 of 26 runs of a 20-run loop): a wrong verdict
         // is run twice more, and both must be right: 2 runs of 3. A broken rule is wrong in
         // all of them.
-        let mut doc = scenario(name);
+        let run = scenario(name);
+        let mut doc = run.doc;
         let mut misses = Vec::new();
-        if doc["demo"]["correct"] != true {
-            misses.push(doc["verdict"]["headline"].to_string());
+        let mut disturbed = Vec::new();
+        let mut correct = doc["demo"]["correct"] == true;
+        let mut score = |doc: &serde_json::Value, d: Option<String>| {
+            if doc["demo"]["correct"] == true {
+                return true;
+            }
+            match d {
+                Some(d) => disturbed.push(d),
+                None => misses.push(doc["verdict"]["headline"].to_string()),
+            }
+            false
+        };
+        if !correct {
+            score(&doc, run.disturbed);
             for _ in 0..2 {
-                doc = scenario(name);
-                if doc["demo"]["correct"] != true {
-                    misses.push(doc["verdict"]["headline"].to_string());
-                }
+                let again = scenario(name);
+                correct |= score(&again.doc, again.disturbed);
+                doc = again.doc;
             }
         }
         let v = &doc["verdict"];
@@ -73,6 +118,17 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
                 "{name}: expected {} ({}), got {}: {} (earlier: {misses:?})",
                 demo["expected_primary"], demo["expected_mechanism"], v["primary"], v["headline"]
             ));
+        }
+        // Every run disturbed from outside (9 runs, each 3 s, over about a minute): the
+        // scenario could not be judged here. An injected cause is larger than the host's noise
+        // and must still be named; a quiet server's verdict is the noise, and is then said
+        // not judged, with what disturbed it.
+        if !correct && misses.is_empty() {
+            if demo["expected_primary"] == "none" {
+                eprintln!("{name}: not judged, every run was disturbed: {disturbed:?}");
+            } else {
+                wrong.push(format!("{name}: every run disturbed: {disturbed:?}"));
+            }
         }
         // Marker mode (the CPython server: its latency log): every request decomposes into the
         // parts of its wall time (within 5 %). (About 1,000 requests in 3 s; the cache-thrash

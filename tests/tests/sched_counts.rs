@@ -209,6 +209,23 @@ fn tp_btf_counts_equal_the_kernels() {
     assert_exact(&doc, &deltas);
 }
 
+/// The program for kernels before 5.18, whose tp_btf sched_switch passes no `prev_state`
+/// (it loads here too; the tracer is told to take it): whether a switch blocked comes from
+/// the task's own nvcsw, and the split must still equal the kernel's.
+#[test]
+fn tp_btf_without_prev_state_counts_equal_the_kernels() {
+    let _guard = serial();
+    require_root();
+    // SAFETY: the serial guard keeps the other tests that start tracers from running now.
+    unsafe { std::env::set_var("TRACER_TEST_SWITCH_WITHOUT_STATE", "1") };
+    let (doc, deltas, _load) = record_mixed(&[]);
+    unsafe { std::env::remove_var("TRACER_TEST_SWITCH_WITHOUT_STATE") };
+    assert_eq!(doc["probe_mode"], "tp_btf");
+    let btf = doc["capabilities"]["btf"]["reason"].as_str().unwrap_or("");
+    assert!(btf.contains("without prev_state"), "says which: {btf}");
+    assert_exact(&doc, &deltas);
+}
+
 #[test]
 fn classic_fallback_counts_equal_the_kernels() {
     let _guard = serial();
