@@ -93,6 +93,22 @@ pub fn require_root() {
     );
 }
 
+/// Mounts tracefs at /sys/kernel/tracing when it is not (a fresh machine has none mounted, and
+/// the tracer mounts it only for classic tracepoints), and leaves it so, as the tracer does:
+/// tracefs is one superblock for the machine, with the kernel's mode, and unmounting it could
+/// take away a mount something else made.
+pub fn ensure_tracefs() {
+    let at = "/sys/kernel/tracing";
+    if std::path::Path::new(at).join("events").exists() {
+        return;
+    }
+    let ok = Command::new("mount")
+        .args(["-t", "tracefs", "tracefs", at])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "could not mount tracefs at {at}");
+}
+
 /// The test workload, driven line by line.
 pub struct Testload {
     pub child: Child,

@@ -1,6 +1,6 @@
 //! The command line end to end: errors a user can act on, and `run`.
 
-use tracer_tests::{Testload, require_root, run_tracer, serial, u};
+use tracer_tests::{Testload, ensure_tracefs, require_root, run_tracer, serial, u};
 
 #[test]
 fn a_missing_pid_is_a_clear_error() {
@@ -137,6 +137,8 @@ fn tracefs_this_user_cannot_read_is_called_so_not_unmounted() {
     require_root();
     // Recent kernels mount tracefs root's, mode 0700: CAP_BPF and CAP_PERFMON do not open it.
     // (A test of its own cannot make it so: tracefs is one superblock for the whole machine.)
+    // Unmounted, the path is sysfs's empty directory, mode 0755: mount it first.
+    ensure_tracefs();
     let mode = std::fs::metadata("/sys/kernel/tracing")
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
         .expect("tracefs at /sys/kernel/tracing");

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use tracer_tests::{Kill, attach_json, require_root, serial};
+use tracer_tests::{Kill, attach_json, ensure_tracefs, require_root, serial};
 
 fn python() -> Option<&'static str> {
     std::path::Path::new("/usr/bin/python3")
@@ -54,7 +54,8 @@ fn wakers_agree_with_bpftrace() {
         "tracepoint:sched:sched_waking /args->pid == {main}/ {{ @[tid] = count(); }} \
          interval:s:4 {{ exit(); }}"
     );
-    let _tracefs = Tracefs::mount();
+    // bpftrace's tracepoints need tracefs.
+    ensure_tracefs();
     let bt = Command::new("bpftrace")
         .args(["-e", &script])
         .stdout(Stdio::piped())
@@ -167,27 +168,6 @@ fn gc_pauses_match_pythons_own_gc_callbacks() {
     assert_eq!(gc["max_generation"], 2, "{gc}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// tracefs at /sys/kernel/tracing, which bpftrace's tracepoints need: mounted when it is not,
-/// and left so, as the tracer itself leaves it (tracefs is one superblock for the machine, with
-/// the kernel's mode, which tests/cli.rs relies on; unmounting it could take away a mount
-/// something else made).
-struct Tracefs;
-
-impl Tracefs {
-    fn mount() -> Self {
-        let at = "/sys/kernel/tracing";
-        if std::path::Path::new(at).join("events").exists() {
-            return Self;
-        }
-        let ok = Command::new("mount")
-            .args(["-t", "tracefs", "tracefs", at])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "could not mount tracefs at {at} for bpftrace");
-        Self
-    }
 }
 
 fn tempfile_dir() -> String {
