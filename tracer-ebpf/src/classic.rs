@@ -74,7 +74,9 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
         next_task: core::ptr::null(),
         prev_task: core::ptr::null(),
     };
-    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
+    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw, || unsafe {
+        bpf_ktime_get_ns()
+    });
     if prev_target && is_dead(prev as u32) {
         // The TID may be reused by another process: stop treating it as the target's.
         let _ = TARGET_TIDS.remove(prev as u32);

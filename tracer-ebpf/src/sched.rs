@@ -509,8 +509,10 @@ fn blocked_by_counts(t: &ThreadStats, task: *const u8) -> bool {
     on_rq == 0
 }
 
+/// `clock` gives the time, called only if the switch concerns a target (or a CPU one waits
+/// for): the early exit reads no clock.
 #[inline(always)]
-pub fn on_switch(cpu: u32, sw: &Switch) {
+pub fn on_switch(cpu: u32, sw: &Switch, clock: impl FnOnce() -> u64) {
     let Some(mut out) = Batch::get() else {
         return;
     };
@@ -525,7 +527,19 @@ pub fn on_switch(cpu: u32, sw: &Switch) {
         out.age(sw.next_pid == 0);
         return;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
+    // The run queue's clock, unless this `__schedule` may have skipped updating it (clock.rs):
+    // a switch that leaves `prev` runnable is a preemption, which a wakeup's skip request
+    // comes with; and a target's wakeup that preempted noted its time on this CPU, which the
+    // clock then still reads. The helper says when those switches really came.
+    let now = if sw.preempt || sw.prev_state == 0 || sw.prev_state == STATE_UNKNOWN {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        let t = clock();
+        match wait {
+            Some(w) if unsafe { (*w).since_ns } == t => unsafe { bpf_ktime_get_ns() },
+            _ => t,
+        }
+    };
     let mut prev = if sw.prev_target {
         thread(sw.prev_pid, sw.prev_tgid, Comm::Current)
     } else {
@@ -713,8 +727,8 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     remember(t, counts_of(sw.next_task).as_ref());
     crate::counters::slice_begin(sw.next_pid, now);
     // A wait that ended is at least 1 ns, so the record tells it from a switch-in that ended
-    // none: a wakeup's time comes from the run queue's clock (clock.rs), which can put it a
-    // few hundred ns after this switch's clock reading.
+    // none: a wakeup that preempted reads the same run-queue clock as this switch (clock.rs),
+    // and a wakeup from another CPU's clock can come out a few hundred ns after it.
     let waited = if was == ThreadState::Runnable as u32 {
         waited.max(1)
     } else {

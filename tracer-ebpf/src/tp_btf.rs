@@ -99,8 +99,26 @@ fn switch(ctx: &BtfTracePointContext, prev_state: u64) -> i32 {
     } else {
         sw
     };
-    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw);
+    // `prev` is on this CPU's run queue, whose clock `__schedule` has just updated.
+    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw, || rq_now(prev));
     0
+}
+
+/// Monotonic time from the clock of the run queue `task` is on (clock.rs), where the kernel
+/// lets it be read (`wakeup_rq_clock`), else from the helper. At a wakeup the task has just
+/// joined that queue, whose clock the wakeup updated; at a switch it is this CPU's, updated
+/// at the start of `__schedule` (or, when a wakeup that preempts asked it to skip that update,
+/// at that wakeup: then the kernel's own run time and run-queue delay stop there too).
+#[inline(always)]
+fn rq_now(task: *const u8) -> u64 {
+    if config!(wakeup_rq_clock) == 0 {
+        return unsafe { bpf_ktime_get_ns() };
+    }
+    let cfs_rq = read_ptr(task, config!(task_cfs_rq_off));
+    let rq = read_ptr(cfs_rq, config!(cfs_rq_rq_off));
+    let rq_clock =
+        unsafe { core::ptr::read_volatile(rq.add(config!(rq_clock_off) as usize) as *const u64) };
+    clock::monotonic_from_rq(rq_clock)
 }
 
 #[inline(always)]
@@ -111,18 +129,8 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     }
     // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
     let cpu = read_u32(p, config!(task_cpu_off));
-    sched::on_wakeup(pid_of(p), tgid_of(p), cpu, new, comm_of(p), p, || {
-        if config!(wakeup_rq_clock) == 0 {
-            return unsafe { bpf_ktime_get_ns() };
-        }
-        // `p` is on its new run queue, whose clock the wakeup has just updated (clock.rs).
-        let cfs_rq = read_ptr(p, config!(task_cfs_rq_off));
-        let rq = read_ptr(cfs_rq, config!(cfs_rq_rq_off));
-        let rq_clock = unsafe {
-            core::ptr::read_volatile(rq.add(config!(rq_clock_off) as usize) as *const u64)
-        };
-        clock::monotonic_from_rq(rq_clock)
-    });
+    // `p` is on its new run queue, whose clock the wakeup has just updated.
+    sched::on_wakeup(pid_of(p), tgid_of(p), cpu, new, comm_of(p), p, || rq_now(p));
 }
 
 /// sched_waking(struct task_struct *p), in try_to_wake_up, in the waker's context (its

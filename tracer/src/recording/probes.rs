@@ -34,9 +34,9 @@ pub struct Losses {
     pub unseen_switch_outs: u64,
     /// Perf counter reads that failed: those slices' counters are missing.
     pub perf_read_failed: u64,
-    /// Not a loss: how exact the wakeup times were. The wakeup programs convert the run
-    /// queue's clock to monotonic time with a per-CPU difference, the smallest of the first
-    /// 16 wakeups of each tick (tracer-ebpf `clock.rs`); each tick's first wakeup checks the
+    /// Not a loss: how exact the switch and wakeup times were. The scheduler programs convert
+    /// the run queue's clock to monotonic time with a per-CPU difference, the smallest of the
+    /// first 16 readings of each tick (tracer-ebpf `clock.rs`); each tick's first one checks the
     /// last tick's difference against the clock helper. `clock_checks` counts those checks
     /// and `clock_error_ns` adds up their errors.
     #[serde(default)]

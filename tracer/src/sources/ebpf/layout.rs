@@ -45,9 +45,9 @@ pub struct TaskOffsets {
 /// What a recording says about where its wakeup times come from.
 pub fn wakeup_clock_note(rq_clock: bool) -> &'static str {
     if rq_clock {
-        "wakeup times from the run queue's clock"
+        "switch and wakeup times from the run queue's clock"
     } else {
-        "wakeup times from the clock helper (no cfs_rq.rq: CONFIG_FAIR_GROUP_SCHED is off)"
+        "switch and wakeup times from the clock helper (no cfs_rq.rq: CONFIG_FAIR_GROUP_SCHED is off)"
     }
 }
 
