@@ -551,6 +551,11 @@ fn boot(
         // The kernel's log on the console: a frozen guest's last words (a soft lockup, an RCU
         // stall) are then in console.log, which a failure prints.
         .arg("--verbose")
+        // TCG's TSC fails the kernel's stability checks, and the fallback, the HPET, is an
+        // emulated device: every clock read (the tracer's clock helper at every traced event)
+        // is an MMIO exit under QEMU's global lock. Guests then crawled under load and two of
+        // two boots froze outright (no step's deadline fired) with the demo's four hogs.
+        .args(["--append", "tsc=reliable clocksource=tsc"])
         .arg("--run")
         .arg(&vmlinuz)
         .args(["--cpus", &args.cpus.to_string(), "--memory", &args.memory])

@@ -217,11 +217,15 @@ fn inject(
             None
         }
         Scenario::CpuContention => {
-            say(format!("injected: two CPU hogs on CPU {cpu}"));
+            say(format!(
+                "injected: two CPU hogs on CPU {cpu}, each spinning 1 ms and sleeping 2 ms"
+            ));
             Some(spawn_self(&[
                 "disturb".into(),
                 "spin".into(),
                 "--threads=2".into(),
+                "--burst=1ms".into(),
+                "--pause=2ms".into(),
                 format!("--cpus={cpu}"),
                 disturb_for,
             ])?)
