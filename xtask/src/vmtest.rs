@@ -803,6 +803,11 @@ pub fn vmtest(args: &VmtestArgs) -> Result<()> {
                 o.failures.join("; ")
             );
             let first = o.failures;
+            // The second boot starts from an empty output folder: keep the first's beside it.
+            let out = dir().join("out");
+            let kept = out.join(format!("{kver}.1st-boot"));
+            let _ = fs::remove_dir_all(&kept);
+            let _ = fs::rename(out.join(kver), &kept);
             o = boot(args, &venv, series, kver, &tracer, &testload)?;
             o.first_boot = first;
         }
@@ -819,7 +824,8 @@ pub fn vmtest(args: &VmtestArgs) -> Result<()> {
     }
     table(&outcomes);
     println!(
-        "guest outputs: {}/out/KERNEL (result.txt, doctor.txt, exact-*.json, demo.json, console.log)",
+        "guest outputs: {}/out/KERNEL (result.txt, doctor.txt, exact-*.json, demo.json, console.log; \
+         KERNEL.1st-boot beside it after a retry)",
         dir().display()
     );
     let failed = outcomes.iter().filter(|o| !o.failures.is_empty()).count();
