@@ -184,17 +184,16 @@ const RUNNING_PIXELS: &str = r#"(() => {
   }));
 })()"#;
 
-#[test]
-fn the_report_page_answers_in_a_real_browser() {
-    let _guard = serial();
-    require_root();
-    let dir = std::env::temp_dir().join(format!("tracer-html-{}", std::process::id()));
+/// Runs a 3-s demo of `scenario` writing its HTML page: the page's folder (the test's to
+/// remove), the page and the demo's summary.
+fn demo_page(scenario: &str) -> (std::path::PathBuf, std::path::PathBuf, serde_json::Value) {
+    let dir = std::env::temp_dir().join(format!("tracer-html-{scenario}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let page = dir.join("demo.html");
+    let page = dir.join(format!("{scenario}.html"));
     let out = run_tracer(&[
         "demo",
         "--scenario",
-        "cpu-contention",
+        scenario,
         "--duration",
         "3s",
         "--json",
@@ -203,7 +202,14 @@ fn the_report_page_answers_in_a_real_browser() {
         page.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", out.stderr);
-    let doc = out.json();
+    (dir, page, out.json())
+}
+
+#[test]
+fn the_report_page_answers_in_a_real_browser() {
+    let _guard = serial();
+    require_root();
+    let (dir, page, doc) = demo_page("cpu-contention");
     let browser = browser();
     let (tab, errors, ms) = open(&browser, &page, 1280, 800);
     eprintln!("the demo's page was interactive {ms:.0} ms after navigation");
@@ -454,22 +460,7 @@ const GC_COLUMNS: &str = r#"(() => {
 fn garbage_collections_are_drawn_on_their_threads_lane() {
     let _guard = serial();
     require_root();
-    let dir = std::env::temp_dir().join(format!("tracer-html-gc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let page = dir.join("gc.html");
-    let out = run_tracer(&[
-        "demo",
-        "--scenario",
-        "gc-pause",
-        "--duration",
-        "3s",
-        "--json",
-        "--quiet",
-        "--html",
-        page.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", out.stderr);
-    let doc = out.json();
+    let (dir, page, doc) = demo_page("gc-pause");
     let gc = doc["gc"].as_array().expect("gc in the summary").clone();
     assert!(!gc.is_empty(), "the scenario collected: {doc}");
     let browser = browser();

@@ -286,6 +286,14 @@ pub fn cuda_spans(spans: &[CudaSpan], tid: u32) -> impl Iterator<Item = &CudaSpa
 mod tests {
     use super::*;
 
+    /// A thread's intervals as (start, end, state).
+    fn states(t: &ThreadTimeline) -> Vec<(u64, u64, State)> {
+        t.intervals
+            .iter()
+            .map(|i| (i.start_ns, i.end_ns, i.state))
+            .collect()
+    }
+
     fn ev(ts: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) -> Event {
         Event {
             ts_ns: ts,
@@ -311,13 +319,8 @@ mod tests {
             ev(300, 7, SwitchOut, 0, 0, 40),
         ];
         let t = &build(&events, 0, 1000)[&7];
-        let states: Vec<(u64, u64, State)> = t
-            .intervals
-            .iter()
-            .map(|i| (i.start_ns, i.end_ns, i.state))
-            .collect();
         assert_eq!(
-            states,
+            states(t),
             vec![
                 (0, 100, State::Blocked),
                 (100, 110, State::Runnable),
@@ -353,13 +356,8 @@ mod tests {
             ev(340, 7, SwitchIn, 1, 0, 40),
         ];
         let t = &build(&events, 100, 400)[&7];
-        let states: Vec<(u64, u64, State)> = t
-            .intervals
-            .iter()
-            .map(|i| (i.start_ns, i.end_ns, i.state))
-            .collect();
         assert_eq!(
-            states,
+            states(t),
             vec![
                 (100, 110, State::Runnable),
                 (110, 200, State::Running),
