@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -74,9 +74,11 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
         next_task: core::ptr::null(),
         prev_task: core::ptr::null(),
     };
-    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw, || unsafe {
-        bpf_ktime_get_ns()
-    });
+    sched::on_switch(
+        unsafe { bpf_get_smp_processor_id() },
+        &sw,
+        sched::HelperClock,
+    );
     if prev_target && is_dead(prev as u32) {
         // The TID may be reused by another process: stop treating it as the target's.
         let _ = TARGET_TIDS.remove(prev as u32);
@@ -106,7 +108,7 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
         new,
         field(ctx, config!(wakeup_comm_off)),
         core::ptr::null(),
-        || unsafe { bpf_ktime_get_ns() },
+        sched::HelperClock,
     );
 }
 

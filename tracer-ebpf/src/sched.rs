@@ -509,10 +509,28 @@ fn blocked_by_counts(t: &ThreadStats, task: *const u8) -> bool {
     on_rq == 0
 }
 
+/// Where a program takes the time of its event from, read only when the event counts. A trait
+/// with an always-inlined method rather than a closure: the compiler made a closure into a
+/// function of its own, and every target wakeup paid a BPF-to-BPF call for it (about 20 ns on
+/// our VMs, with the kernel's return-thunk mitigations: BENCHMARKS.md).
+pub trait Clock {
+    fn now(self) -> u64;
+}
+
+/// The clock helper (classic tracepoints: no task at hand to read a run queue's clock from).
+pub struct HelperClock;
+
+impl Clock for HelperClock {
+    #[inline(always)]
+    fn now(self) -> u64 {
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
+
 /// `clock` gives the time, called only if the switch concerns a target (or a CPU one waits
 /// for): the early exit reads no clock.
 #[inline(always)]
-pub fn on_switch(cpu: u32, sw: &Switch, clock: impl FnOnce() -> u64) {
+pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
     let Some(mut out) = Batch::get() else {
         return;
     };
@@ -534,7 +552,7 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl FnOnce() -> u64) {
     let now = if sw.preempt || sw.prev_state == 0 || sw.prev_state == STATE_UNKNOWN {
         unsafe { bpf_ktime_get_ns() }
     } else {
-        let t = clock();
+        let t = clock.now();
         match wait {
             Some(w) if unsafe { (*w).since_ns } == t => unsafe { bpf_ktime_get_ns() },
             _ => t,
@@ -545,7 +563,12 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl FnOnce() -> u64) {
     } else {
         None
     };
-    if let Some(t) = prev.as_deref_mut() {
+    // A thread switching out is running, unless its switch-in went unseen: the check is
+    // inline, the repair out of line (a BPF-to-BPF call costs about 20 ns on our VMs, with
+    // the kernel's return-thunk mitigations: BENCHMARKS.md).
+    if let Some(t) = prev.as_deref_mut()
+        && (t.state == ThreadState::Blocked as u32 || t.state == ThreadState::Runnable as u32)
+    {
         repair_unseen_switch_in(t, now);
     }
     if owing && let Some(w) = wait {
@@ -571,14 +594,30 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl FnOnce() -> u64) {
     out.age(sw.next_pid == 0);
 }
 
+/// Whether the thread's own counters `c` say nothing `unseen` would act on: read before, no
+/// repair pending, and no switch or migration beyond what the probes counted. The common case,
+/// tested inline so that a switch-in makes no call for it.
+#[inline(always)]
+fn counts_agree(t: &ThreadStats, c: &TaskCounts) -> bool {
+    if t.flags & FLAG_SEEN == 0 {
+        return true;
+    }
+    let beyond = |now: u64, counted: u64, seen: u64| now.wrapping_sub(counted).wrapping_sub(seen);
+    t.flags & FLAG_REPAIRED == 0
+        && beyond(c.migrations, t.migrations, t.seen_migrations) == 0
+        && beyond(c.nvcsw, t.voluntary_switches, t.seen_nvcsw) == 0
+        && beyond(c.nivcsw, t.involuntary_switches, t.seen_nivcsw) == 0
+}
+
 /// The thread switching in against its own counters: it switched out (and maybe in and out
 /// again) unreported, so it ran what `unseen` says, then was off a CPU until now, blocked or,
 /// if it was only preempted, waiting for one (which this switch-in ends, as a run-queue wait of
 /// that length). Not inlined: a switch program with every branch of this inlined, and the perf
-/// counter reads, passes the verifier's million-instruction limit.
+/// counter reads, passes the verifier's million-instruction limit; called only when the
+/// counters disagree (`counts_agree`).
 #[inline(never)]
-fn reconcile_in(t: &mut ThreadStats, task: *const u8, now: u64) {
-    let Some((ran, blocked)) = unseen(t, counts_of(task).as_ref()) else {
+fn reconcile_in(t: &mut ThreadStats, c: &TaskCounts, now: u64) {
+    let Some((ran, blocked)) = unseen(t, Some(c)) else {
         return;
     };
     let off = account_unseen(t, ran, now);
@@ -607,6 +646,7 @@ fn reconcile_in(t: &mut ThreadStats, task: *const u8, now: u64) {
 /// loss said, before).
 #[inline(never)]
 fn repair_unseen_switch_in(t: &mut ThreadStats, now: u64) {
+    // Called only for a thread the probes took for blocked or runnable.
     if t.state == ThreadState::Blocked as u32 {
         count(Counter::UnseenSwitchIn);
         leave(t, now, ThreadState::Blocked);
@@ -702,7 +742,12 @@ fn blocked_after_all(t: &mut ThreadStats) {
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     t.flags &= !FLAG_RUNNABLE_UNSURE;
-    reconcile_in(t, sw.next_task, now);
+    let counts = counts_of(sw.next_task);
+    if let Some(c) = counts.as_ref()
+        && !counts_agree(t, c)
+    {
+        reconcile_in(t, c, now);
+    }
     let was = t.state;
     if was == ThreadState::Running as u32 {
         // Its last switch out was not traced (and its counters cannot be read: classic
@@ -724,7 +769,7 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     t.wait_cpu = NO_CPU;
     t.last_cpu = cpu;
     enter(t, ThreadState::Running, now);
-    remember(t, counts_of(sw.next_task).as_ref());
+    remember(t, counts.as_ref());
     crate::counters::slice_begin(sw.next_pid, now);
     // A wait that ended is at least 1 ns, so the record tells it from a switch-in that ended
     // none: a wakeup that preempted reads the same run-queue clock as this switch (clock.rs),
@@ -765,7 +810,7 @@ pub fn on_wakeup(
     new: bool,
     comm: Comm,
     task: *const u8,
-    clock: impl FnOnce() -> u64,
+    clock: impl Clock,
 ) {
     let counts = counts_of(task);
     let Some(t) = thread(tid, tgid, comm) else {
@@ -784,7 +829,7 @@ pub fn on_wakeup(
     if awake && counts.is_none() {
         return;
     }
-    let now = clock();
+    let now = clock.now();
     if let Some((ran, _)) = unseen(t, counts.as_ref()) {
         let off = account_unseen(t, ran, now);
         t.blocked_ns += off;

@@ -100,7 +100,7 @@ fn switch(ctx: &BtfTracePointContext, prev_state: u64) -> i32 {
         sw
     };
     // `prev` is on this CPU's run queue, whose clock `__schedule` has just updated.
-    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw, || rq_now(prev));
+    sched::on_switch(unsafe { bpf_get_smp_processor_id() }, &sw, RqClock(prev));
     0
 }
 
@@ -121,6 +121,16 @@ fn rq_now(task: *const u8) -> u64 {
     clock::monotonic_from_rq(rq_clock)
 }
 
+/// The time from the run queue `0` is on (`rq_now`).
+struct RqClock(*const u8);
+
+impl sched::Clock for RqClock {
+    #[inline(always)]
+    fn now(self) -> u64 {
+        rq_now(self.0)
+    }
+}
+
 #[inline(always)]
 fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     let p: *const u8 = ctx.arg(0);
@@ -130,7 +140,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     // The tracepoint fires once the task is on its new run queue, so task_cpu(p) is that queue.
     let cpu = read_u32(p, config!(task_cpu_off));
     // `p` is on its new run queue, whose clock the wakeup has just updated.
-    sched::on_wakeup(pid_of(p), tgid_of(p), cpu, new, comm_of(p), p, || rq_now(p));
+    sched::on_wakeup(pid_of(p), tgid_of(p), cpu, new, comm_of(p), p, RqClock(p));
 }
 
 /// sched_waking(struct task_struct *p), in try_to_wake_up, in the waker's context (its
