@@ -178,7 +178,14 @@ impl Flight {
             .collect();
         let base = format!("tracer-{}-{stamp}", session.targets().primary().proc_pid);
         let path = unused(&self.s.dir, &base);
-        let written = session.write_flight(&path, &merged)?;
+        let written = session.write_flight(&path, &merged);
+        // The merged copy and the writer's buffers are a peak beside the flight recorder's
+        // own memory (15.5 MB for a minute of 50 threads, BENCHMARKS.md), which the allocator
+        // would otherwise keep for good: hand it back.
+        drop((merged, recs));
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        let written = written?;
         let mut lines = String::new();
         for (_, doc) in kept {
             lines.push_str(doc);
