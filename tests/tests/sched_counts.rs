@@ -126,6 +126,37 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
     }
 }
 
+/// The threads both recordings (`docs[0]` tp_btf, `docs[1]` classic) have a comparable wait
+/// total for: each with its kernel counts, its two JSON entries and its waits, which must be
+/// as many in both.
+fn compared_threads<'a>(
+    docs: &'a [serde_json::Value],
+    deltas: &'a [(u32, KernelCounts)],
+) -> Vec<(
+    u32,
+    KernelCounts,
+    &'a serde_json::Value,
+    &'a serde_json::Value,
+    u64,
+)> {
+    assert_eq!(docs[0]["probe_mode"], "tp_btf");
+    assert_eq!(docs[1]["probe_mode"], "classic");
+    let mut threads = Vec::new();
+    for (tid, kernel) in deltas {
+        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
+        let waits = u(&a["runq_waits"]);
+        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
+        // `runq_wait_ns` also holds the part of a wait open at a window's edge, and the two
+        // windows end apart: the workload's main thread, with a handful of waits, is not
+        // always parked then (two classic tracers once differed by 37 us over its 3 waits).
+        // The workers are parked at both edges.
+        if waits >= 100 {
+            threads.push((*tid, *kernel, a, b, waits));
+        }
+    }
+    threads
+}
+
 /// `docs[0]` (tp_btf) and `docs[1]` (classic) saw the same run-queue waits. The tp_btf wakeup
 /// program takes a wait's start from the run queue's clock (converted, tracer-ebpf clock.rs),
 /// the classic one from the clock helper, which it reads after the enqueue (and maybe after
@@ -146,27 +177,15 @@ fn same_waits(
     pct: u64,
     per_wait_ns: u64,
 ) -> u64 {
-    assert_eq!(docs[0]["probe_mode"], "tp_btf");
-    assert_eq!(docs[1]["probe_mode"], "classic");
+    let repaired = docs
+        .iter()
+        .any(|d| u(&d["losses"]["unseen_switch_ins"]) > 0);
+    let wanted = |t: &serde_json::Value| {
+        u(&t["runq_wait_ns"]) + if repaired { u(&t["oncpu_ns"]) } else { 0 }
+    };
     let mut total = 0;
-    for (tid, _) in deltas {
-        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
-        let repaired = docs
-            .iter()
-            .any(|d| u(&d["losses"]["unseen_switch_ins"]) > 0);
-        let wanted = |t: &serde_json::Value| {
-            u(&t["runq_wait_ns"]) + if repaired { u(&t["oncpu_ns"]) } else { 0 }
-        };
+    for (tid, _, a, b, waits) in compared_threads(docs, deltas) {
         let (wa, wb) = (wanted(a), wanted(b));
-        let waits = u(&a["runq_waits"]);
-        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
-        // `runq_wait_ns` also holds the part of a wait open at a window's edge, and the two
-        // windows end apart: the workload's main thread, with a handful of waits, is not
-        // always parked then (two classic tracers once differed by 37 us over its 3 waits).
-        // The workers are parked at both edges.
-        if waits < 100 {
-            continue;
-        }
         assert!(
             wa.abs_diff(wb) <= wa.max(wb) * pct / 100 + per_wait_ns * waits,
             "tid {tid}: runq wait {wa} ns (tp_btf) vs {wb} ns (classic) in {waits} waits"
@@ -177,9 +196,9 @@ fn same_waits(
 }
 
 /// `docs[0]` (tp_btf) and `docs[1]` (classic) saw the same run-queue waits, and their times
-/// agree with the kernel's own account of them on a workload whose waits mostly end in a
-/// blocking switch (a ping-pong), schedstat's run delay (`deltas`; the workers
-/// are parked at both ends of the window, so a window's waits are the workload's).
+/// agree with the kernel's own account of them, schedstat's run delay (`deltas`; the workers
+/// are parked at both ends of the window, so a window's waits are the workload's), on a
+/// workload whose waits mostly end in a blocking switch (a ping-pong).
 ///
 /// tp_btf takes both ends of a wait from the run queue's clock where the kernel lets it be
 /// read (a wait's start at the wakeup, its end at a switch in which `prev` blocks; tracer-ebpf
@@ -209,23 +228,12 @@ fn waits_match_the_kernel(
 ) -> u64 {
     /// Classic waits end after `__schedule`'s pick: up to this much longer each.
     const CLASSIC_PER_WAIT_NS: u64 = 1_000;
-    assert_eq!(docs[0]["probe_mode"], "tp_btf");
-    assert_eq!(docs[1]["probe_mode"], "classic");
     let within = |a: u64, b: u64, waits: u64, per_wait: u64| {
         a.abs_diff(b) <= a.max(b) * pct / 100 + per_wait * waits
     };
     let repaired = u(&docs[1]["losses"]["unseen_switch_ins"]) > 0;
     let mut total = 0;
-    for (tid, kernel) in deltas {
-        let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
-        let waits = u(&a["runq_waits"]);
-        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
-        // `runq_wait_ns` also holds the part of a wait open at a window's edge, and the
-        // windows end apart: the workload's main thread, with a handful of waits, is not
-        // always parked then. The workers are parked at both edges.
-        if waits < 100 {
-            continue;
-        }
+    for (tid, kernel, a, b, waits) in compared_threads(docs, deltas) {
         let (tp_btf, run_delay) = (u(&a["runq_wait_ns"]), kernel.run_delay_ns);
         assert!(
             within(tp_btf, run_delay, waits, per_wait_ns),
