@@ -6,6 +6,7 @@ mod attach;
 mod demo;
 mod doctor;
 mod emit;
+mod generate;
 mod report;
 mod run;
 mod watch;
@@ -67,6 +68,9 @@ enum Command {
     /// Empty programs on the tracer's tracepoints until Ctrl-C (the bench's floor).
     #[command(hide = true)]
     Floor,
+    /// Write the shell completions and man pages (`cargo xtask dist` packages them).
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// The `--json` documents, each with its schema committed as docs/NAME.schema.json (`cargo
@@ -103,6 +107,7 @@ pub fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|()| crate::sources::ebpf::floor::run())
             .map(|()| 0),
+        Command::Generate(g) => generate::run(g).map(|()| 0),
         Command::Schema { document } => emit::stdout(&document.json_schema()).map(|()| 0),
     };
     match result {
