@@ -103,8 +103,10 @@ struct Queue {
 }
 
 pub fn gettid() -> u32 {
+    // The system call, not glibc's gettid(): that wrapper is glibc 2.30+, and the release
+    // binary is linked against 2.28 (`cargo xtask dist`).
     // SAFETY: gettid has no arguments and cannot fail.
-    unsafe { libc::gettid() as u32 }
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// Sets the calling thread's name (its comm), as the tracer will show it.
