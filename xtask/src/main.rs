@@ -5,6 +5,7 @@
 //! Debian 12 machine.
 
 mod bench;
+mod dist;
 mod fuzz;
 mod scenarios;
 mod setup;
@@ -69,6 +70,10 @@ enum Cmd {
     /// doctor, exact counts per probe mode, the cpu-contention demo; and the running kernel
     /// natively. Builds the release binary and the count checks; caches under target/vmtest.
     Vmtest(vmtest::VmtestArgs),
+    /// Build what a machine without Rust installs: the release binary linked against glibc
+    /// 2.28 (cargo-zigbuild), its man pages and completions, a tarball and a .deb under
+    /// target/dist; --installtest installs the .deb in a clean Debian 12 chroot and runs it.
+    Dist(dist::DistArgs),
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -100,6 +105,18 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         bail!("`{}` failed ({status})", render(cmd));
     }
     Ok(())
+}
+
+/// Runs a command and returns its stdout; its stderr goes to ours.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {}", render(cmd)))?;
+    if !out.status.success() {
+        bail!("`{}` failed ({})", render(cmd), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 pub(crate) fn render(cmd: &Command) -> String {
@@ -232,6 +249,7 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::Fuzz { seconds } => fuzz::fuzz(seconds),
         Cmd::Vmtest(args) => vmtest::vmtest(&args),
+        Cmd::Dist(args) => dist::dist(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

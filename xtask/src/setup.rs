@@ -16,9 +16,10 @@ use crate::{is_root, run};
 /// tests), a C compiler (the stand-in libcuda), bpftrace (runqlat.bt, the bench's peer),
 /// Python's venv (the Perfetto test installs Perfetto's published protos in one), Prometheus
 /// (the export test scrapes `tracer watch` with the real server), qemu, seabios and a static
-/// busybox (`vmtest` boots other kernels; virtme-ng builds its initramfs with busybox). A probe is a
+/// busybox (`vmtest` boots other kernels; virtme-ng builds its initramfs with busybox),
+/// debootstrap and binutils (`dist --installtest`'s clean Debian root, its glibc check). A probe is a
 /// program, a path, or a shell command (with a space) that succeeds when the package is there.
-const APT_PACKAGES: [(&str, &str); 14] = [
+const APT_PACKAGES: [(&str, &str); 16] = [
     ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
     ("bpftool", "bpftool"),
     ("stress-ng", "stress-ng"),
@@ -33,6 +34,8 @@ const APT_PACKAGES: [(&str, &str); 14] = [
     ("seabios", "/usr/share/seabios/bios.bin"),
     ("busybox-static", "busybox"),
     ("kmod", "/sbin/depmod"),
+    ("debootstrap", "debootstrap"),
+    ("binutils", "objdump"),
 ];
 
 fn have(program: &str) -> bool {

@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{as_root, render, run, workspace_root};
+use crate::{as_root, output, render, run, workspace_root};
 
 #[derive(Debug, clap::Args)]
 pub struct VmtestArgs {
@@ -85,7 +85,7 @@ fn sources() -> Result<String> {
 
 /// The first archive URI in the host's apt sources (deb822 `.sources` files or one-line
 /// `.list` files) whose path ends with `suffix`.
-fn host_archive(suffix: &str) -> Result<String> {
+pub(crate) fn host_archive(suffix: &str) -> Result<String> {
     let mut files: Vec<PathBuf> = fs::read_dir("/etc/apt/sources.list.d")
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -171,17 +171,6 @@ fn have(program: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("starting {}", render(cmd)))?;
-    if !out.status.success() {
-        bail!("`{}` failed ({})", render(cmd), out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn host_tools() -> Result<()> {
