@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{as_root, cargo, run, setup, workspace_root};
 
-const CPU: [&str; 8] = [
+const CPU: [&str; 9] = [
     "quiet",
     "cpu-contention",
     "cfs-throttle",
@@ -16,6 +16,7 @@ const CPU: [&str; 8] = [
     "lock-contention",
     "gil-contention",
     "gc-pause",
+    "head-of-line",
 ];
 const GPU: [&str; 3] = ["gpu-saturation", "gpu-sync-stall", "host-bound"];
 

@@ -174,6 +174,38 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
             );
         }
     }
+    if !r.tail.queued_by.is_empty() {
+        let _ = writeln!(
+            out,
+            "  tail queued behind: {}",
+            queued_by(&r.tail.queued_by)
+        );
+    }
+}
+
+/// "request 17 (at 12.310 s) 31.2ms, runtime_pause 1.1ms, backlog 0.2ms": what the serving
+/// thread was held up by while the tail waited in line (the chase, analysis/requests/queue.rs).
+fn queued_by(v: &[crate::analysis::requests::QueuedBy]) -> String {
+    v.iter()
+        .filter(|q| q.ns >= 1_000.0)
+        .map(|q| {
+            let what = match (&q.request, q.cause) {
+                (Some(r), _) => match r.id {
+                    Some(id) => format!("request {id} ({} on a CPU)", dur(r.oncpu_ns as u64)),
+                    None => format!(
+                        "a request of thread {} ({} on a CPU)",
+                        r.tid,
+                        dur(r.oncpu_ns as u64)
+                    ),
+                },
+                (None, "request") => "other long requests".into(),
+                (None, "backlog") => "earlier requests in normal time".into(),
+                (None, part) => format!("their {}", part.replace('_', " ")),
+            };
+            format!("{what} {}", dur(q.ns as u64))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// "thread 12 (python3) 3.1ms, an interrupt (the CPU was idle) 0.4ms".

@@ -13,6 +13,12 @@ one JSON line on CLOCK_MONOTONIC with the serving thread's id (the format `trace
          ~700 ms a request triggers a full collection (gen 2) the way allocation does in a
          real server: the serving thread stops for as long as the collector scans the heap.
          Each collection is logged from gc.callbacks to --gc-log (the ground truth).
+    long: two consecutive requests in every --long-every (100) carry --long-ms (60) ms of
+         Python each on the serving thread (on-CPU time, whatever the machine's speed): a
+         burst of long prompts, the way a long prompt's tokenization does on an
+         asyncio front end: the requests that arrive meanwhile wait behind it. Their ids are
+         written to --long-log, one a line (the ground truth).
+Every request is logged with its sequence number as "id".
 SIGINT ends it early, its log written.
 """
 import argparse
@@ -70,13 +76,16 @@ def gc_logger(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--inject", choices=["none", "gil", "gc"], default="none")
+    ap.add_argument("--inject", choices=["none", "gil", "gc", "long"], default="none")
     ap.add_argument("--inject-after", type=float, default=0.0)
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--work", type=int, default=6000)
+    ap.add_argument("--long-every", type=int, default=100)
+    ap.add_argument("--long-ms", type=float, default=60.0)
     ap.add_argument("--log", required=True)
     ap.add_argument("--gc-log")
+    ap.add_argument("--long-log")
     args = ap.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -93,21 +102,46 @@ def main():
             gc_logger(args.gc_log)
     tid = threading.get_native_id()
     log = open(args.log, "w")
+    long_log = open(args.long_log, "w", buffering=1) if args.long_log else None
     print("ready", flush=True)
     period = 1.0 / args.rate
     end = time.monotonic() + args.duration
     arrival = time.monotonic_ns()
     next_gc = inject_ns
+    seq = 0
     while not stop.is_set() and time.monotonic() < end:
+        seq += 1
         arrival += int(period * 1e9)
         delay = (arrival - time.monotonic_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
-        work(args.work)
+        long = (
+            args.inject == "long"
+            and arrival >= inject_ns
+            and seq % args.long_every in (0, 1)
+        )
+        if long:
+            until = time.thread_time() + args.long_ms / 1e3
+            while time.thread_time() < until:
+                work(args.work // 10)
+        else:
+            work(args.work)
+        if long and long_log:
+            long_log.write(f"{seq}\n")
         if heap is not None and time.monotonic_ns() >= next_gc:
             gc.collect()
             next_gc = time.monotonic_ns() + int(0.7e9)
-        log.write(json.dumps({"start_ns": arrival, "end_ns": time.monotonic_ns(), "tid": tid}) + "\n")
+        log.write(
+            json.dumps(
+                {
+                    "start_ns": arrival,
+                    "end_ns": time.monotonic_ns(),
+                    "tid": tid,
+                    "id": seq,
+                }
+            )
+            + "\n"
+        )
     log.close()
     stop.set()
 

@@ -9,9 +9,10 @@ use serde::Serialize;
 use tracer_common::{CudaFn, EventKind, PerfSlot};
 
 mod parts;
+mod queue;
 
-pub use parts::{BlockedBy, Breakdown, HolderTime};
-use parts::{add_blocked, add_holder, rank_blocked};
+pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef};
+use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_queued};
 
 use super::held::Held;
 use crate::recording::{
@@ -43,6 +44,11 @@ pub struct RequestDetail {
     /// Who ended the serving thread's blocked time (`lock_wait_ns` + `blocked_ns`), largest
     /// first.
     pub blocked_by: Vec<BlockedBy>,
+    /// What the serving thread's time in `queued_oncpu_ns` went to (queue.rs), largest first.
+    pub queued_by: Vec<QueuedBy>,
+    /// The queued time of later requests put down to this request's own on-CPU work beyond
+    /// the median request's: how much it held up the line.
+    pub held_up_others_ns: f64,
 }
 
 /// A set of requests (the median ones, or the tail), on average.
@@ -59,6 +65,11 @@ pub struct Group {
     pub lock_holders: Vec<HolderTime>,
     /// Who ended the group's blocked time: mean ns per request, largest first.
     pub blocked_by: Vec<BlockedBy>,
+    /// What the group's queued time went to: mean ns per request, largest first.
+    pub queued_by: Vec<QueuedBy>,
+    /// The group's requests that held up later ones with their own long on-CPU work, with
+    /// that work beyond the median request's: mean ns per request of the group.
+    pub holding_up: Vec<QueuedBy>,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -231,10 +242,11 @@ fn decompose(
     ctx: (&Stalls, &Held),
     busy_until: u64,
     llc: bool,
-) -> RequestDetail {
+) -> (RequestDetail, queue::QueuedSpans) {
     let (stalls, held) = ctx;
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
+    let mut queued_spans = Vec::new();
     let mut holders: Vec<HolderTime> = Vec::new();
     let mut blocked_by: Vec<BlockedBy> = Vec::new();
     let from = v.intervals.partition_point(|i| i.end_ns <= s);
@@ -253,6 +265,12 @@ fn decompose(
             continue;
         }
         let (q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
+        // Where the queued time lies, for the chase (queue.rs): the same amount, spread over
+        // the stretch of the piece before `busy_until`.
+        let (qa, qb) = (is, ie.min(busy_until));
+        if q.queued_oncpu_ns > 0.0 && qb > qa {
+            queued_spans.push((qa, qb, q.queued_oncpu_ns * rest / (qb - qa) as f64));
+        }
         if let Some(lock) = lock {
             let f = q.lock_wait_ns / whole * rest;
             for (tid, ns) in lock.holders {
@@ -296,7 +314,7 @@ fn decompose(
             instr += n as f64 * f;
         }
     }
-    RequestDetail {
+    let detail = RequestDetail {
         start_ns: s,
         end_ns: e,
         tid: r.tid,
@@ -309,10 +327,51 @@ fn decompose(
         instructions: llc.then_some(instr),
         lock_holders: holders,
         blocked_by,
+        queued_by: Vec::new(),
+        held_up_others_ns: 0.0,
+    };
+    (detail, queued_spans)
+}
+
+impl RequestDetail {
+    fn named(&self) -> RequestRef {
+        RequestRef {
+            tid: self.tid,
+            id: self.id,
+            start_ns: self.start_ns,
+            wall_ns: self.wall_ns,
+            oncpu_ns: self.parts.oncpu_ns,
+        }
     }
 }
 
-fn group(items: &[&RequestDetail]) -> Group {
+/// Resolves every request's queued time (queue.rs) into `queued_by`, and each request's
+/// part in the others' into `held_up_others_ns`.
+fn follow_queues(
+    details: &mut [RequestDetail],
+    spans: &[queue::QueuedSpans],
+    normal: &queue::Normal,
+) {
+    let resolved = queue::chase(details, spans, normal);
+    let names: Vec<RequestRef> = details.iter().map(RequestDetail::named).collect();
+    for (i, split) in resolved.into_iter().enumerate() {
+        let mut by = Vec::new();
+        for (key, ns) in split {
+            match key {
+                queue::Key::Own(h) => {
+                    details[h].held_up_others_ns += ns;
+                    add_queued(&mut by, "request", Some(names[h]), ns);
+                }
+                queue::Key::Part(k) => add_queued(&mut by, Breakdown::FIELDS[k], None, ns),
+                queue::Key::Backlog => add_queued(&mut by, "backlog", None, ns),
+            }
+        }
+        rank_queued(&mut by);
+        details[i].queued_by = by;
+    }
+}
+
+fn group(items: &[&RequestDetail], normal_oncpu_ns: f64) -> Group {
     let n = items.len().max(1) as f64;
     let parts: Vec<&Breakdown> = items.iter().map(|d| &d.parts).collect();
     let misses: Option<f64> = items.iter().map(|d| d.llc_misses).sum();
@@ -329,9 +388,23 @@ fn group(items: &[&RequestDetail]) -> Group {
         add_blocked(&mut blocked_by, b.by.clone(), b.ns / n);
     }
     rank_blocked(&mut blocked_by);
+    let mut queued_by: Vec<QueuedBy> = Vec::new();
+    for q in items.iter().flat_map(|d| &d.queued_by) {
+        add_queued(&mut queued_by, q.cause, q.request, q.ns / n);
+    }
+    rank_queued(&mut queued_by);
+    let mut holding_up: Vec<QueuedBy> = Vec::new();
+    for d in items.iter().filter(|d| d.held_up_others_ns > 0.0) {
+        let own = (d.parts.oncpu_ns - normal_oncpu_ns).max(0.0) / n;
+        add_queued(&mut holding_up, "request", Some(d.named()), own);
+    }
+    holding_up.retain(|q| q.ns > 0.0);
+    rank_queued(&mut holding_up);
     Group {
         lock_holders: holders,
         blocked_by,
+        queued_by,
+        holding_up,
         requests: items.len(),
         wall_ns_mean: items.iter().map(|d| d.wall_ns as f64).sum::<f64>() / n,
         mean: Breakdown::mean(&parts),
@@ -380,6 +453,7 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     let empty: Vec<Interval> = Vec::new();
     let mut views: HashMap<u32, ThreadView> = HashMap::new();
     let mut details: Vec<RequestDetail> = Vec::with_capacity(set.spans.len());
+    let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(set.spans.len());
     // Spans come in order of their end: each thread's previous end is the last one seen.
     let mut last_end: HashMap<u32, u64> = HashMap::new();
     for r in &set.spans {
@@ -398,7 +472,9 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
             }
         });
         let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
-        details.push(decompose(r, v, (&stalls, &held), busy_until, llc));
+        let (d, q) = decompose(r, v, (&stalls, &held), busy_until, llc);
+        details.push(d);
+        queued_spans.push(q);
     }
     let n = details.len();
     let mut order: Vec<usize> = (0..n).collect();
@@ -432,9 +508,24 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
         ((n as f64 * 0.6) as usize).max(1),
     );
     let median_idx: Vec<usize> = order[m0.min(n)..m1.min(n)].to_vec();
+    // What a normal request is, then the queues followed with it, then the groups.
+    let median_parts: Vec<&Breakdown> = median_idx.iter().map(|&i| &details[i].parts).collect();
+    let normal = queue::Normal {
+        wall_ns: median_idx
+            .iter()
+            .map(|&i| details[i].wall_ns as f64)
+            .sum::<f64>()
+            / median_idx.len().max(1) as f64,
+        parts: Breakdown::mean(&median_parts),
+    };
+    follow_queues(&mut details, &queued_spans, &normal);
     let pick =
         |idx: &[usize]| -> Vec<&RequestDetail> { idx.iter().map(|&i| &details[i]).collect() };
-    let (median, tail) = (group(&pick(&median_idx)), group(&pick(&tail_idx)));
+    let oncpu = normal.parts.oncpu_ns;
+    let (median, tail) = (
+        group(&pick(&median_idx), oncpu),
+        group(&pick(&tail_idx), oncpu),
+    );
     let jitter_ratio = if p50 > 0 {
         p99 as f64 / p50 as f64
     } else {

@@ -60,7 +60,7 @@ impl Breakdown {
         ]
     }
 
-    pub(super) fn from_values(v: [f64; PARTS]) -> Self {
+    pub fn from_values(v: [f64; PARTS]) -> Self {
         Self {
             oncpu_ns: v[0],
             queued_oncpu_ns: v[1],
@@ -147,5 +147,76 @@ pub(super) fn rank_blocked(v: &mut Vec<BlockedBy>) {
     if v.len() > BLOCKED_BY_KEPT {
         let rest: f64 = v.drain(BLOCKED_BY_KEPT - 1..).map(|b| b.ns).sum();
         v.push(BlockedBy { by: None, ns: rest });
+    }
+}
+
+/// A request, as the queue chase names it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct RequestRef {
+    pub tid: u32,
+    /// Its id, when the markers or the latency log carry one.
+    pub id: Option<u64>,
+    pub start_ns: u64,
+    pub wall_ns: u64,
+    /// Its own on-CPU time (not counting the earlier requests it waited behind).
+    pub oncpu_ns: f64,
+}
+
+/// A part of a request's queued time (`queued_oncpu`: its serving thread on earlier requests)
+/// and what it went to (ns; a group's mean per request).
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct QueuedBy {
+    /// `request`: an earlier request's own on-CPU work beyond the median request's (head-of-line
+    /// blocking), named in `request`; a part of the earlier requests' own excess, named as in
+    /// `parts` (`runq_contention`, `lock_wait`, `runtime_pause`, `cuda_sync`, ...): they were
+    /// late for that reason; `backlog`: they were served in normal time, arrivals outpaced
+    /// service.
+    pub cause: &'static str,
+    /// For `request`: which (absent for the requests past the first few, summed).
+    pub request: Option<RequestRef>,
+    pub ns: f64,
+}
+
+/// Request entries kept per request and per group, largest first; the rest are summed into
+/// one `request` entry without a name.
+const QUEUED_REQUESTS_KEPT: usize = 5;
+
+/// Adds `ns` to the entry of `cause` (and `request`).
+pub(super) fn add_queued(
+    v: &mut Vec<QueuedBy>,
+    cause: &'static str,
+    request: Option<RequestRef>,
+    ns: f64,
+) {
+    let same = |q: &QueuedBy| {
+        q.cause == cause
+            && q.request.map(|r| (r.tid, r.start_ns)) == request.map(|r| (r.tid, r.start_ns))
+    };
+    match v.iter_mut().find(|q| same(q)) {
+        Some(q) => q.ns += ns,
+        None => v.push(QueuedBy { cause, request, ns }),
+    }
+}
+
+/// Largest first; named requests past the first few folded into one unnamed `request` entry,
+/// so the entries still add up to the queued time.
+pub(super) fn rank_queued(v: &mut Vec<QueuedBy>) {
+    v.sort_by(|a, b| b.ns.total_cmp(&a.ns));
+    let mut named = 0;
+    let mut folded = 0.0;
+    v.retain(|q| {
+        if q.request.is_none() {
+            return true;
+        }
+        named += 1;
+        if named <= QUEUED_REQUESTS_KEPT {
+            return true;
+        }
+        folded += q.ns;
+        false
+    });
+    if folded > 0.0 {
+        add_queued(v, "request", None, folded);
+        v.sort_by(|a, b| b.ns.total_cmp(&a.ns));
     }
 }

@@ -96,19 +96,25 @@ fn lock_cause(s: &Summary, hs: Vec<Holder>, share: f64, evidence: String) -> Cau
 }
 
 /// The tail's lock waits and collections, as shares of the excess (`share` of a part).
-pub fn tail_causes(s: &Summary, r: &RequestAnalysis, share: &dyn Fn(f64) -> f64) -> Vec<Cause> {
+/// `ex`: the tail's excess, its queued part routed (queue.rs).
+pub fn tail_causes(
+    s: &Summary,
+    r: &RequestAnalysis,
+    ex: &crate::analysis::requests::Breakdown,
+    share: &dyn Fn(f64) -> f64,
+) -> Vec<Cause> {
     let (t, m) = (&r.tail.mean, &r.median.mean);
     let mut out = vec![lock_cause(
         s,
         holders(s, &r.tail.lock_holders),
-        share(r.excess.lock_wait_ns),
+        share(ex.lock_wait_ns),
         format!(
             "blocked in a futex another thread of the process held: {} in tail requests vs {} in median ones",
             ms(t.lock_wait_ns),
             ms(m.lock_wait_ns)
         ),
     )];
-    if let Some(c) = gc_cause(s, share(r.excess.runtime_pause_ns)) {
+    if let Some(c) = gc_cause(s, share(ex.runtime_pause_ns)) {
         out.push(Cause {
             evidence: format!(
                 "inside a collection of the serving process: {} in tail requests vs {} in median ones; {}",

@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::queue::BlockingRequest;
 use crate::analysis::neighbours::NeighbourKind;
 
 /// The cause the verdict names.
@@ -23,6 +24,8 @@ pub enum Primary {
     /// The host, not the GPU, paced the GPU work: a serving thread busy on its CPU launching
     /// kernels while its GPU idled in part.
     HostBound,
+    /// Requests waited behind a few long requests' own work on the serving thread.
+    HeadOfLine,
     /// No significant jitter, and no impediment above its threshold.
     None,
     /// Jitter present, but not explained by what was measured.
@@ -38,6 +41,7 @@ impl Primary {
             Self::LockContention => "lock contention",
             Self::RuntimePause => "runtime pause",
             Self::HostBound => "host-bound steps",
+            Self::HeadOfLine => "head-of-line blocking",
             Self::None => "no significant jitter",
             Self::Unexplained => "unexplained",
         }
@@ -97,7 +101,11 @@ pub enum Mechanism {
     /// A GPU's clocks held down by a policy (power, thermal...) for part of the window, the
     /// GPU not saturated: NVML's violation counters.
     ClockThrottle { policies: Vec<ClockViolation> },
-    /// The serving thread was still on earlier requests.
+    /// The serving thread was on a few long requests' own on-CPU work while later requests
+    /// waited (and those requests were slow themselves): head-of-line blocking.
+    LongRequestOnServingThread { requests: Vec<BlockingRequest> },
+    /// The serving thread was still on earlier requests, served in normal time: arrivals
+    /// outpaced service.
     Queueing,
     /// Blocked, not on the GPU: locks, I/O, sleeps.
     OtherBlocked,
@@ -186,6 +194,7 @@ impl Mechanism {
             Self::LockWait { .. } => Primary::LockContention,
             Self::GcPause { .. } => Primary::RuntimePause,
             Self::LaunchOverhead { .. } => Primary::HostBound,
+            Self::LongRequestOnServingThread { .. } => Primary::HeadOfLine,
             Self::LongerOncpu { .. } | Self::Queueing | Self::OtherBlocked | Self::Uncovered => {
                 Primary::Unexplained
             }
@@ -210,6 +219,7 @@ impl Mechanism {
             Self::GcPause { .. } => "gc_pause",
             Self::LaunchOverhead { .. } => "launch_overhead",
             Self::ClockThrottle { .. } => "clock_throttle",
+            Self::LongRequestOnServingThread { .. } => "long_request_on_serving_thread",
             Self::Queueing => "queueing",
             Self::OtherBlocked => "other_blocked",
             Self::Uncovered => "uncovered",
@@ -266,6 +276,9 @@ impl Mechanism {
             }
             Self::ClockThrottle { .. } => {
                 "The GPU's clocks were held down: check its power limit (nvidia-smi -q -d POWER), cooling and application clocks."
+            }
+            Self::LongRequestOnServingThread { .. } => {
+                "Move the long work off the serving thread or event loop (tokenization in a thread or process pool, chunked prefill), or cap the input size, so one long request does not hold up the ones behind it."
             }
             Self::Queueing => {
                 "Requests arrive faster than one thread serves them at times: add workers, or remove what slows the earlier requests (the causes above)."
@@ -423,6 +436,14 @@ impl fmt::Display for Mechanism {
                     .collect();
                 if !named.is_empty() {
                     write!(f, " ({})", named.join(", "))?;
+                }
+                Ok(())
+            }
+            Self::LongRequestOnServingThread { requests } => {
+                write!(f, "long requests on the serving thread")?;
+                let named: Vec<String> = requests.iter().take(3).map(|r| r.to_string()).collect();
+                if !named.is_empty() {
+                    write!(f, ": {}", named.join(", "))?;
                 }
                 Ok(())
             }

@@ -12,6 +12,7 @@ mod impediments;
 pub mod mechanism;
 pub mod model;
 mod placement;
+mod queue;
 mod requests;
 
 pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};

@@ -87,6 +87,7 @@ fn window_part(t: &ThreadSummary, m: &Mechanism) -> f64 {
         Mechanism::LlcMisses
         | Mechanism::LongerOncpu { .. }
         | Mechanism::Queueing
+        | Mechanism::LongRequestOnServingThread { .. }
         | Mechanism::GcPause { .. }
         | Mechanism::LaunchOverhead { .. } => t.totals.time.oncpu_ns,
         Mechanism::LockWait { .. } => t.totals.time.blocked_ns,
@@ -126,6 +127,8 @@ fn request_part(b: &Breakdown, m: &Mechanism) -> f64 {
         Mechanism::LockWait { .. } => b.lock_wait_ns,
         Mechanism::GcPause { .. } => b.runtime_pause_ns,
         Mechanism::Queueing => b.queued_oncpu_ns,
+        // The waiting and the long work are both on the serving thread.
+        Mechanism::LongRequestOnServingThread { .. } => b.queued_oncpu_ns + b.oncpu_ns,
         Mechanism::OtherBlocked => b.blocked_ns,
         Mechanism::Uncovered => b.uncovered_ns,
     }

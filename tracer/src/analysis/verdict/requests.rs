@@ -16,13 +16,28 @@ pub const MPKI_RATIO_MIN: f64 = 1.5;
 pub const MPKI_MIN: f64 = 1.0;
 
 pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
-    let ex = &r.excess;
-    let positive: f64 = ex.values().iter().filter(|v| **v > 0.0).sum();
+    // The excess with its queued part followed to what held the line up (queue.rs).
+    let routed = super::queue::route(s, r);
+    let ex = &routed.parts;
+    let hol = routed.head_of_line_ns;
+    let positive: f64 = ex.values().iter().filter(|v| **v > 0.0).sum::<f64>() + hol;
     if positive <= 0.0 {
         return vec![];
     }
     let share = |v: f64| v.max(0.0) / positive;
     let (tail, median) = (&r.tail, &r.median);
+    // What reached a part through the queue, said beside it.
+    let via = |v: f64| {
+        if v > 0.01 * positive {
+            format!(
+                "; {} more per tail request reached it through the queue: the serving thread was held up by it on earlier requests while the tail waited",
+                ms(v)
+            )
+        } else {
+            String::new()
+        }
+    };
+    let q = &routed.via_queue;
     let per = |v: f64, m: f64| format!("{} in tail requests vs {} in median ones", ms(v), ms(m));
     let mut out = Vec::new();
 
@@ -32,14 +47,16 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         super::contention::mechanism(s),
         share(ex.runq_contention_ns),
         format!(
-            "waiting for a CPU: {}{}",
+            "waiting for a CPU: {}{}{}",
             per(tail.mean.runq_contention_ns, median.mean.runq_contention_ns),
-            super::contention::caused(s, "over the window ")
+            super::contention::caused(s, "over the window "),
+            via(q.runq_contention_ns)
         ),
     ));
 
     // Run-queue waits that ended on an idle CPU.
-    let idle = per(tail.mean.runq_idle_cpu_ns, median.mean.runq_idle_cpu_ns);
+    let idle =
+        per(tail.mean.runq_idle_cpu_ns, median.mean.runq_idle_cpu_ns) + &via(q.runq_idle_cpu_ns);
     out.push(if throttled(s) {
         Cause::new(
             Mechanism::CgroupThrottling,
@@ -64,10 +81,11 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         Mechanism::Migrations,
         share(ex.runq_migration_ns) + if oncpu_from_moves { share(ex.oncpu_ns) } else { 0.0 },
         format!(
-            "{:.1} CPU changes per tail request vs {:.1} per median one; waiting after a move: {}{}",
+            "{:.1} CPU changes per tail request vs {:.1} per median one; waiting after a move: {}{}{}",
             tail.migrations_mean,
             median.migrations_mean,
             per(tail.mean.runq_migration_ns, median.mean.runq_migration_ns),
+            via(q.runq_migration_ns),
             if oncpu_from_moves {
                 format!("; on-CPU time {}", per(tail.mean.oncpu_ns, median.mean.oncpu_ns))
             } else {
@@ -117,8 +135,9 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         gpu,
         share(ex.cuda_sync_ns),
         format!(
-            "waiting for the GPU: {}{}",
+            "waiting for the GPU: {}{}{}",
             per(tail.mean.cuda_sync_ns, median.mean.cuda_sync_ns),
+            via(q.cuda_sync_ns),
             if tail.cuda_device_sync_ns_mean > 0.0 {
                 format!(
                     ", {} of it in device-wide synchronization",
@@ -129,12 +148,42 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
             }
         ),
     ));
-    out.extend(super::held::tail_causes(s, r, &share));
+    out.extend(
+        super::held::tail_causes(s, r, ex, &share)
+            .into_iter()
+            .map(|c| {
+                let extra = match c.mechanism {
+                    Mechanism::LockWait { .. } => via(q.lock_wait_ns),
+                    _ => via(q.runtime_pause_ns),
+                };
+                Cause {
+                    evidence: c.evidence + &extra,
+                    ..c
+                }
+            }),
+    );
+    out.push(Cause::new(
+        Mechanism::LongRequestOnServingThread {
+            requests: routed.requests.iter().take(5).cloned().collect(),
+        },
+        share(hol),
+        format!(
+            "the serving thread was on a few long requests' own work while the tail waited, \
+             or was that work: {} per tail request ({} requests named; the queued time in tail \
+             requests: {}){}",
+            ms(hol),
+            routed.requests.len(),
+            per(tail.mean.queued_oncpu_ns, median.mean.queued_oncpu_ns),
+            unseen_pauses(s)
+        ),
+    ));
     out.push(Cause::new(
         Mechanism::Queueing,
         share(ex.queued_oncpu_ns),
         format!(
-            "the serving thread was still on earlier requests: {}",
+            "the serving thread was still on earlier requests, served in normal time: {} of the \
+             queued time in tail requests ({}) was not put down to what held them up",
+            ms(ex.queued_oncpu_ns.max(0.0)),
             per(tail.mean.queued_oncpu_ns, median.mean.queued_oncpu_ns)
         ),
     ));
@@ -142,8 +191,9 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         Mechanism::OtherBlocked,
         share(ex.blocked_ns),
         format!(
-            "blocked, not on the GPU, a lock or a pause: {}",
-            per(tail.mean.blocked_ns, median.mean.blocked_ns)
+            "blocked, not on the GPU, a lock or a pause: {}{}",
+            per(tail.mean.blocked_ns, median.mean.blocked_ns),
+            via(q.blocked_ns)
         ),
     ));
     out.push(Cause::new(
@@ -177,4 +227,18 @@ fn steal_note(s: &Summary, r: &RequestAnalysis) -> String {
         cpus.join(", "),
         ms(extra)
     )
+}
+
+/// Where a CPython process's GC probes did not attach, a long request's "own work" may be a
+/// collection it triggered: said, not assumed either way.
+fn unseen_pauses(s: &Summary) -> String {
+    match s.pause_probes.iter().find(|p| !p.attached) {
+        Some(p) => format!(
+            "; the garbage-collection probes did not attach to PID {} ({}): part of that work \
+             may be collections the requests triggered",
+            s.shown_id(p.pid),
+            p.reason.as_deref().unwrap_or("no reason given")
+        ),
+        None => String::new(),
+    }
 }

@@ -680,3 +680,40 @@ fn the_member_where_the_cause_acts_is_named_whichever_pid_was_given() {
         "{v:?}"
     );
 }
+
+#[test]
+fn requests_queued_behind_long_ones_are_head_of_line_with_the_long_ones_named() {
+    let mut s = Server::new();
+    s.serve(200, 50, &NORMAL, &[Run(60 * MS)]);
+    let mut rec = s.finish(vec![]);
+    let spans = &mut rec.requests.as_mut().expect("requests").spans;
+    // The three requests after each long one arrived while it ran, 10, 20 and 30 ms into it:
+    // they waited in line (nothing else about them is slow).
+    let long: Vec<u64> = (4..spans.len())
+        .step_by(50)
+        .map(|i| spans[i].start_ns)
+        .collect();
+    for i in (4..spans.len()).step_by(50) {
+        for k in 1..=3 {
+            spans[i + k].start_ns = spans[i].start_ns + k as u64 * 10 * MS;
+        }
+    }
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::HeadOfLine, "{v:#?}");
+    let Mechanism::LongRequestOnServingThread { requests } = &v.causes[0].mechanism else {
+        panic!("{v:#?}")
+    };
+    assert!(!requests.is_empty());
+    for r in requests {
+        assert!(
+            long.contains(&(r.at_ns + rec.start_ns)),
+            "{r:?} is not a long one"
+        );
+    }
+    assert!(v.causes[0].share > 0.8, "{v:#?}");
+    // The queued part is not left as queueing.
+    assert!(
+        v.causes.iter().all(|c| c.mechanism != Mechanism::Queueing),
+        "{v:#?}"
+    );
+}

@@ -128,6 +128,8 @@ pub struct DemoPart {
     /// disturbance, but not the injected one, so it says nothing about the scenario's
     /// accuracy. Scenario runners repeat such a run rather than score it.
     pub interference: Option<Interference>,
+    /// Where the tail's queued time went, against the injected cause (queue_check.rs).
+    pub queue: Option<super::queue_check::QueueCheck>,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -160,6 +162,7 @@ pub fn outcome(
     engine: Option<u32>,
     spans: &[RequestSpan],
     baseline: (u64, u64),
+    long_ids: &[u64],
 ) -> Outcome {
     // Skip the first half second: start-up is not the server's steady state.
     let latency_baseline = latency_stats(spans, baseline.0 + 500_000_000, baseline.1);
@@ -190,12 +193,15 @@ pub fn outcome(
         .iter()
         .find(|t| t.comm == LOCK_HOLDER || t.comm == GIL_HOLDER)
         .map(|t| t.tid);
+    let queue = super::queue_check::check(scenario, &report, long_ids);
     Outcome {
         part: DemoPart {
             scenario,
             expected_primary,
             expected_mechanism,
-            correct: scenario::check(scenario, verdict, pmu, engine, holder),
+            correct: scenario::check(scenario, verdict, pmu, engine, holder)
+                && queue.as_ref().is_none_or(|q| q.ok),
+            queue,
             engine_pid: engine,
             latency_baseline,
             latency_recorded,

@@ -186,6 +186,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         engine,
         &spans,
         (started, baseline_end),
+        &[],
     ))
 }
 

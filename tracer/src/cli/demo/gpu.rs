@@ -155,5 +155,6 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         engine,
         &spans,
         (ready, baseline_end),
+        &[],
     ))
 }

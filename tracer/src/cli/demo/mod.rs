@@ -6,6 +6,7 @@ mod common;
 mod cpu;
 mod gpu;
 mod python;
+mod queue_check;
 mod scenario;
 
 use anyhow::Result;

@@ -41,8 +41,10 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     std::fs::write(&script, SCRIPT)?;
     let log = dir.join("requests.jsonl");
     let gc_log: PathBuf = dir.join("gc.jsonl");
+    let long_log: PathBuf = dir.join("long.txt");
     let inject = match args.scenario {
         Scenario::GilContention => "gil",
+        Scenario::HeadOfLine => "long",
         _ => "gc",
     };
     let total = BASELINE + args.duration + std::time::Duration::from_secs(30);
@@ -55,6 +57,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
             format!("--duration={}", total.as_secs_f64()),
             format!("--log={}", log.display()),
             format!("--gc-log={}", gc_log.display()),
+            format!("--long-log={}", long_log.display()),
         ],
     )?;
     let pid = server.0.id();
@@ -68,6 +71,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let baseline_end = monotonic_ns();
     say(match args.scenario {
         Scenario::GilContention => "injected: a second thread of the server sorts a 600,000-element list every 250 ms, holding the GIL throughout".into(),
+        Scenario::HeadOfLine => "injected: two consecutive requests in every 100 carry 60 ms of Python work each, on the serving thread".into(),
         _ => "injected: a full garbage collection of a 1.5-million-object heap every ~700 ms, in the serving thread".into(),
     });
     let target = Target::resolve(pid)?;
@@ -81,6 +85,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let stopped = server.stop();
     let loaded = load_latencies(&mut rec, &log);
     let spans = read_log(&log).unwrap_or_default();
+    let long_ids = long_requests(&long_log);
     let _ = std::fs::remove_dir_all(&dir);
     stopped?;
     loaded?;
@@ -91,5 +96,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         None,
         &spans,
         (ready, baseline_end),
+        &long_ids,
     ))
+}
+
+/// The ids of the requests the server logged as long (head-of-line's ground truth).
+fn long_requests(log: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }

@@ -37,6 +37,10 @@ pub enum Scenario {
     /// collection every ~700 ms. Expected: runtime pause (gc_pause), checked against the
     /// process's own gc.callbacks.
     GcPause,
+    /// A CPython server on one thread where two consecutive requests in every 100 carry 60 ms
+    /// of work each (a burst of long prompts tokenized on an asyncio loop). Expected:
+    /// head-of-line blocking (long_request_on_serving_thread), the long requests named.
+    HeadOfLine,
     /// A PyTorch server whose serving thread launches many tiny kernels per request, so that
     /// the GPU idles between them (GPU machine). Expected: host-bound (launch_overhead).
     HostBound,
@@ -64,6 +68,7 @@ impl Scenario {
             Self::LockContention => "lock-contention",
             Self::GilContention => "gil-contention",
             Self::GcPause => "gc-pause",
+            Self::HeadOfLine => "head-of-line",
             Self::HostBound => "host-bound",
             Self::MultiprocessQuiet => "multiprocess-quiet",
             Self::MultiprocessCpuContention => "multiprocess-cpu-contention",
@@ -80,7 +85,7 @@ impl Scenario {
 
     /// The server is the embedded CPython script (not the built-in native one).
     pub fn python(self) -> bool {
-        matches!(self, Self::GilContention | Self::GcPause)
+        matches!(self, Self::GilContention | Self::GcPause | Self::HeadOfLine)
     }
 
     /// The cause injected, whatever shape the server has.
@@ -114,6 +119,7 @@ impl Scenario {
                 (Primary::LockContention, Some("lock_wait"))
             }
             Self::GcPause => (Primary::RuntimePause, Some("gc_pause")),
+            Self::HeadOfLine => (Primary::HeadOfLine, Some("long_request_on_serving_thread")),
             Self::HostBound => (Primary::HostBound, Some("launch_overhead")),
             _ => unreachable!("base() is a single-process scenario"),
         }

@@ -55,6 +55,7 @@
   const SECTION = {
     scheduling: "lanes-sec", cache_thrash: "counters-sec", gpu_saturation: "gpu-sec",
     lock_contention: "lanes-sec", runtime_pause: "lanes-sec", host_bound: "gpu-sec",
+    head_of_line: "requests-sec",
     unexplained: "requests-sec",
   };
   function verdict() {
