@@ -394,6 +394,7 @@ fn group(items: &[&RequestDetail], normal_oncpu_ns: f64) -> Group {
     }
     rank_queued(&mut queued_by);
     let mut holding_up: Vec<QueuedBy> = Vec::new();
+    // Only a long request holds up others (`held_up_others_ns` is set for long ones only).
     for d in items.iter().filter(|d| d.held_up_others_ns > 0.0) {
         let own = (d.parts.oncpu_ns - normal_oncpu_ns).max(0.0) / n;
         add_queued(&mut holding_up, "request", Some(d.named()), own);

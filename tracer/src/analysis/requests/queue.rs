@@ -6,8 +6,8 @@
 //! - While H was within its normal time (its start plus the median request's wall time), the
 //!   wait is ordinary queueing: arrivals came faster than normal service (`Backlog`).
 //! - Past it, H was late, and why H was late is why the queue was still there: H's own
-//!   excess over the median request, part by part: its longer on-CPU work (`Own(H)`: a long
-//!   request on the serving thread, head-of-line blocking), its run-queue waits, lock waits,
+//!   excess over the median request, part by part: its longer on-CPU work (`Own(H)` when H is
+//!   a long request, `long_requests`: head-of-line blocking; else the `oncpu` part), its run-queue waits, lock waits,
 //!   pauses, GPU waits, ... (`Part`), and the queue H itself waited in, already resolved the
 //!   same way (requests are taken in order of their end, so H's is known first). So a chain
 //!   of requests behind one long request, or behind one garbage collection, ends at it, however
@@ -57,6 +57,7 @@ pub fn chase(
     for (i, d) in details.iter().enumerate() {
         by_thread.entry(d.tid).or_default().push(i);
     }
+    let long = long_requests(details, &by_thread, normal);
     let mut out: Vec<Vec<(Key, f64)>> = vec![Vec::new(); details.len()];
     for (i, d) in details.iter().enumerate() {
         let line = &by_thread[&d.tid];
@@ -74,7 +75,11 @@ pub fn chase(
                 let late = until.saturating_sub(due.max(t)) as f64 * density;
                 add(&mut split, Key::Backlog, on_time);
                 if late > 0.0 {
-                    spread(&mut split, &excess(h, &details[h], &out[h], normal), late);
+                    spread(
+                        &mut split,
+                        &excess((h, long[h]), &details[h], &out[h], normal),
+                        late,
+                    );
                 }
                 t = until;
             }
@@ -101,13 +106,18 @@ fn head(details: &[RequestDetail], line: &[usize], t: u64, me: usize) -> Option<
 /// Why request `h` took longer than a normal one, as weights: its parts beyond the median
 /// requests' (its longer on-CPU work as `Own(h)`), and its own queueing beyond the median's,
 /// by what `queued` (its resolved queue) says that was.
-fn excess(h: usize, d: &RequestDetail, queued: &[(Key, f64)], normal: &Normal) -> Vec<(Key, f64)> {
+fn excess(
+    (h, long): (usize, bool),
+    d: &RequestDetail,
+    queued: &[(Key, f64)],
+    normal: &Normal,
+) -> Vec<(Key, f64)> {
     let (mine, usual) = (d.parts.values(), normal.parts.values());
     let mut w: Vec<(Key, f64)> = Vec::new();
     for (k, (m, u)) in mine.iter().zip(usual).enumerate() {
         let over = (m - u).max(0.0);
         match k {
-            ONCPU => add(&mut w, Key::Own(h), over),
+            ONCPU if long => add(&mut w, Key::Own(h), over),
             QUEUED => {
                 let total: f64 = queued.iter().map(|(_, ns)| ns).sum();
                 if total > 0.0 {
@@ -122,6 +132,45 @@ fn excess(h: usize, d: &RequestDetail, queued: &[(Key, f64)], normal: &Normal) -
         }
     }
     w
+}
+
+/// A request is long, its own work a head-of-line blocker, when it was on a CPU at least
+/// `LONG_RATIO` times as long as the median request and as the median of its neighbours on
+/// its thread (`NEIGHBOURS` either side), and `LONG_MIN_NS` longer than the median request.
+/// Head-of-line is a few requests carrying long work among normal ones (the requests behind
+/// such tails in real servers are 50-200 times the median: a long prompt's tokenization,
+/// docs/ATTRIBUTION.md). On-CPU time that grew for every request of a stretch (cache thrash
+/// here made a run of consecutive requests 4-5 times slower) is the `oncpu` part and keeps
+/// its own cause.
+pub const LONG_RATIO: f64 = 5.0;
+pub const LONG_MIN_NS: f64 = 1_000_000.0;
+const NEIGHBOURS: usize = 4;
+
+fn long_requests(
+    details: &[RequestDetail],
+    by_thread: &HashMap<u32, Vec<usize>>,
+    normal: &Normal,
+) -> Vec<bool> {
+    let usual = normal.parts.oncpu_ns;
+    let mut long = vec![false; details.len()];
+    for line in by_thread.values() {
+        for (k, &i) in line.iter().enumerate() {
+            let own = details[i].parts.oncpu_ns;
+            if own < LONG_RATIO * usual || own - usual < LONG_MIN_NS {
+                continue;
+            }
+            let mut near: Vec<f64> = line
+                [k.saturating_sub(NEIGHBOURS)..(k + NEIGHBOURS + 1).min(line.len())]
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| details[j].parts.oncpu_ns)
+                .collect();
+            near.sort_by(f64::total_cmp);
+            let local = near.get(near.len() / 2).copied().unwrap_or(0.0);
+            long[i] = own >= LONG_RATIO * local;
+        }
+    }
+    long
 }
 
 /// Adds `ns` to `key`'s entry.
@@ -253,5 +302,30 @@ mod tests {
         let spans = vec![vec![(10 * MS, 15 * MS, 1.0)]];
         let out = chase(&details, &spans, &normal());
         assert_eq!(out[0], vec![(Key::Backlog, 5e6)]);
+    }
+
+    #[test]
+    fn a_stretch_of_slow_requests_is_longer_on_cpu_time_not_head_of_line() {
+        // Five requests in a row each on a CPU 10 ms (ten times the median), arriving 1 ms
+        // apart: every one is slow, none is a long one among normal ones.
+        let details: Vec<RequestDetail> = (0..5u64)
+            .map(|k| req(k * MS, (k + 1) * 10 * MS, oncpu(10.0, (9 * k) as f64)))
+            .collect();
+        let spans: Vec<QueuedSpans> = (0..5u64)
+            .map(|k| {
+                if k == 0 {
+                    vec![]
+                } else {
+                    vec![(k * MS, k * 10 * MS, 1.0)]
+                }
+            })
+            .collect();
+        let out = chase(&details, &spans, &normal());
+        for split in &out[1..] {
+            assert!(
+                split.iter().all(|(key, _)| *key == Key::Part(ONCPU)),
+                "{split:?}"
+            );
+        }
     }
 }

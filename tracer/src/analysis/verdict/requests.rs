@@ -122,7 +122,7 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         out.push(Cause::new(
             mechanism,
             share(ex.oncpu_ns),
-            evidence + &steal_note(s, r),
+            evidence + &via(q.oncpu_ns) + &steal_note(s, r),
         ));
     }
 
