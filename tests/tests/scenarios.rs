@@ -174,6 +174,15 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
             let hit = u(&demo["latency_recorded"]["p99_ns"]);
             assert!(hit > 2 * base, "p99 under hogs {hit} vs baseline {base}");
         }
+        if name == "head-of-line" && correct {
+            // The queue was part of the tail and was followed to the long requests: those
+            // named are ones the server itself wrote down as long (`correct` checked it; this
+            // says which part failed when one does).
+            let q = &demo["queue"];
+            assert_eq!(q["judged"], true, "{q}");
+            assert!(q["to_cause"].as_f64().unwrap() >= 0.8, "{q}");
+            assert!(u(&q["named"]) > 0 && q["named"] == q["named_long"], "{q}");
+        }
         if name == "cache-thrash" {
             // No PMU on our machines: the cache is not assessed, and not called absent.
             let na = v["not_assessed"].as_array().unwrap();

@@ -8,17 +8,20 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tracer_common::{CudaFn, EventKind, PerfSlot};
 
+mod handoff;
 mod parts;
 mod queue;
+mod stalls;
 
 pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef};
 use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_queued};
+use stalls::Stalls;
 
 use super::held::Held;
 use crate::recording::{
     CudaSpan, Recording,
     requests::{RequestSet, RequestSource, RequestSpan},
-    timeline::{self, Interval, State},
+    timeline::{Interval, State},
     waits::WaitKind,
 };
 
@@ -118,61 +121,10 @@ pub const JITTER_FLOOR_NS: u64 = 200_000;
 /// migrations and counter slices, in time order.
 struct ThreadView<'a> {
     intervals: &'a [Interval],
-    syncs: Vec<&'a CudaSpan>,
+    syncs: &'a [&'a CudaSpan],
     migrations: Vec<u64>,
     /// (start, end, llc misses, instructions).
     slices: Vec<(u64, u64, u64, u64)>,
-}
-
-/// Per CPU, the stretches in which none of the target's threads ran on it although one waited
-/// in its run queue, and the wait ended with the CPU idle: the CPU was free but the threads
-/// could not run (their cgroup was throttled), or it was slow to wake. Every target thread
-/// waiting on that CPU meanwhile waited for the same reason, whichever task it followed.
-#[derive(Default)]
-struct Stalls(HashMap<u32, Vec<(u64, u64)>>);
-
-impl Stalls {
-    fn build(timelines: &std::collections::BTreeMap<u32, timeline::ThreadTimeline>) -> Self {
-        let mut run_ends: HashMap<u32, Vec<u64>> = HashMap::new();
-        for t in timelines.values() {
-            for i in t.intervals.iter().filter(|i| i.state == State::Running) {
-                if let Some(c) = i.cpu {
-                    run_ends.entry(c).or_default().push(i.end_ns);
-                }
-            }
-        }
-        for v in run_ends.values_mut() {
-            v.sort_unstable();
-        }
-        let mut stalls: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
-        for t in timelines.values() {
-            for i in &t.intervals {
-                let (Some(c), Some((WaitKind::IdleCpu, _))) = (i.cpu, i.wait) else {
-                    continue;
-                };
-                // From the last moment a target thread ran on that CPU, or the start of this
-                // wait if later (before it, the CPU may have run other tasks).
-                let ends = run_ends.get(&c).map_or(&[][..], |v| v.as_slice());
-                let k = ends.partition_point(|&e| e <= i.end_ns);
-                let last_run = if k > 0 { ends[k - 1] } else { 0 };
-                stalls
-                    .entry(c)
-                    .or_default()
-                    .push((last_run.max(i.start_ns), i.end_ns));
-            }
-        }
-        for v in stalls.values_mut() {
-            super::held::merge_spans(v);
-        }
-        Self(stalls)
-    }
-
-    /// Time of `[s, e)` inside stalls of `cpu`.
-    fn overlap(&self, cpu: u32, s: u64, e: u64) -> u64 {
-        self.0
-            .get(&cpu)
-            .map_or(0, |v| super::held::spans_overlap(v, s, e))
-    }
 }
 
 fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
@@ -214,11 +166,11 @@ fn piece(
             }
         }
         State::Running | State::Blocked => {
-            let gpu = sync_overlap(&v.syncs, is, ie) as f64;
+            let gpu = sync_overlap(v.syncs, is, ie) as f64;
             p.cuda_sync_ns += gpu;
             if i.state == State::Running {
                 let queued = overlap(is, ie, s, busy_until) as f64;
-                let queued_gpu = sync_overlap(&v.syncs, is, ie.min(busy_until).max(is)) as f64;
+                let queued_gpu = sync_overlap(v.syncs, is, ie.min(busy_until).max(is)) as f64;
                 p.queued_oncpu_ns += queued - queued_gpu;
                 p.oncpu_ns += ov - gpu - (queued - queued_gpu);
             } else if gpu < ov
@@ -236,14 +188,14 @@ fn piece(
 
 /// Decomposes `r` on its serving thread. Until `busy_until` (the end of the thread's previous
 /// request) the thread's CPU time went to earlier requests: this one was queued.
-fn decompose(
+fn decompose<'a>(
     r: &RequestSpan,
     v: &ThreadView,
-    ctx: (&Stalls, &Held),
+    ctx: (&Stalls, &Held, &dyn Fn(u32) -> Option<ThreadView<'a>>),
     busy_until: u64,
     llc: bool,
 ) -> (RequestDetail, queue::QueuedSpans) {
-    let (stalls, held) = ctx;
+    let (stalls, held, other) = ctx;
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
     let mut queued_spans = Vec::new();
@@ -264,7 +216,22 @@ fn decompose(
         if rest <= 0.0 {
             continue;
         }
-        let (q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
+        let (mut q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
+        let waker = held.woken_by(r.tid, i);
+        if q.blocked_ns > 0.0
+            && let Some(h) = handoff::through_waker(
+                waker.as_ref(),
+                (r.tid, is, ie),
+                q.blocked_ns,
+                other,
+                (stalls, held),
+            )
+        {
+            // The blocked time becomes what the waker went through meanwhile.
+            q.blocked_ns = 0.0;
+            let (a, b) = (q.values(), h.values());
+            q = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k]));
+        }
         // Where the queued time lies, for the chase (queue.rs): the same amount, spread over
         // the stretch of the piece before `busy_until`.
         let (qa, qb) = (is, ie.min(busy_until));
@@ -279,7 +246,7 @@ fn decompose(
         }
         let off = (q.lock_wait_ns + q.blocked_ns) * rest;
         if off > 0.0 {
-            add_blocked(&mut blocked_by, held.woken_by(r.tid, i), off);
+            add_blocked(&mut blocked_by, waker, off);
         }
         let (a, b) = (p.values(), q.values());
         p = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k] * rest));
@@ -451,7 +418,19 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     for c in &rec.cuda_syncs {
         syncs.entry(c.tid).or_default().push(c);
     }
+    for v in syncs.values_mut() {
+        v.sort_by_key(|c| c.start_ns);
+    }
     let empty: Vec<Interval> = Vec::new();
+    // Any thread's view, for the hop to a waker (handoff.rs): its states and CUDA waits.
+    let other = |tid: u32| -> Option<ThreadView<'_>> {
+        Some(ThreadView {
+            intervals: &timelines.get(&tid)?.intervals,
+            syncs: syncs.get(&tid).map_or(&[], Vec::as_slice),
+            migrations: Vec::new(),
+            slices: Vec::new(),
+        })
+    };
     let mut views: HashMap<u32, ThreadView> = HashMap::new();
     let mut details: Vec<RequestDetail> = Vec::with_capacity(set.spans.len());
     let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(set.spans.len());
@@ -459,21 +438,19 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     let mut last_end: HashMap<u32, u64> = HashMap::new();
     for r in &set.spans {
         let v = views.entry(r.tid).or_insert_with(|| {
-            let mut sy = syncs.remove(&r.tid).unwrap_or_default();
-            sy.sort_by_key(|c| c.start_ns);
             let mut mi = migrations.remove(&r.tid).unwrap_or_default();
             mi.sort_unstable();
             let mut sl = slices.remove(&r.tid).unwrap_or_default();
             sl.sort_unstable();
             ThreadView {
                 intervals: timelines.get(&r.tid).map_or(&empty, |t| &t.intervals),
-                syncs: sy,
+                syncs: syncs.get(&r.tid).map_or(&[], Vec::as_slice),
                 migrations: mi,
                 slices: sl,
             }
         });
         let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
-        let (d, q) = decompose(r, v, (&stalls, &held), busy_until, llc);
+        let (d, q) = decompose(r, v, (&stalls, &held, &other), busy_until, llc);
         details.push(d);
         queued_spans.push(q);
     }

@@ -1,0 +1,151 @@
+//! One hop across threads. A serving thread that hands work to another thread of the service
+//! (an engine thread, a worker, another member process) and blocks until it is woken by it was
+//! waiting for that thread: its blocked time is what that thread went through meanwhile. While
+//! the other thread ran, the wait stays `blocked` (the work handed over, its waker named);
+//! while it waited for a CPU, was in a collection, waited for a lock or for the GPU, the
+//! serving thread's wait is put to that part, so a front end's tail caused by a slow engine
+//! step reaches the engine step's cause. One hop: the other thread's own waits are not
+//! followed further.
+
+use super::{Breakdown, Stalls, ThreadView, piece};
+use crate::{
+    analysis::{held::Held, wakers::WakerKind},
+    recording::timeline::Interval,
+};
+
+/// The blocked piece `[s, e)` of `tid`, ended by `waker`, as the waker's parts over the same
+/// stretch, scaled to `blocked` ns; None when the waker is not a traced thread of the service
+/// (an interrupt, a kernel thread, another process) or its timeline has nothing there.
+pub(super) fn through_waker<'a>(
+    waker: Option<&crate::analysis::wakers::WakerRef>,
+    (tid, s, e): (u32, u64, u64),
+    blocked: f64,
+    views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
+    ctx: (&Stalls, &Held),
+) -> Option<Breakdown> {
+    let w = waker
+        .filter(|w| matches!(w.kind, WakerKind::SameProcess | WakerKind::Member) && w.tid != tid)?;
+    let v = views(w.tid)?;
+    let (stalls, held) = ctx;
+    let mut sum = [0.0; Breakdown::FIELDS.len()];
+    let from = v.intervals.partition_point(|i: &Interval| i.end_ns <= s);
+    for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
+        let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
+        if ie <= is {
+            continue;
+        }
+        let whole = (ie - is) as f64;
+        let paused = held.paused(w.tid, is, ie) as f64;
+        sum[RUNTIME_PAUSE] += paused;
+        let rest = (whole - paused) / whole;
+        // No queue on the other thread: its requests, if any, are not this one's.
+        let (q, _) = piece(i, (is, ie), (is, is), &v, stalls, held, w.tid);
+        for (k, x) in q.values().iter().enumerate() {
+            sum[k] += x * rest;
+        }
+    }
+    let total: f64 = sum.iter().sum();
+    if total <= 0.0 {
+        return None;
+    }
+    // Its running is the work handed over: the serving thread was blocked on it.
+    sum[BLOCKED] += sum[ONCPU] + sum[QUEUED];
+    sum[ONCPU] = 0.0;
+    sum[QUEUED] = 0.0;
+    Some(Breakdown::from_values(sum.map(|x| x * blocked / total)))
+}
+
+const ONCPU: usize = 0;
+const QUEUED: usize = 1;
+const BLOCKED: usize = 6;
+const RUNTIME_PAUSE: usize = 8;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        analysis::wakers::WakerRef,
+        recording::{testutil::recording, timeline::State, waits::WaitKind},
+    };
+
+    const MS: u64 = 1_000_000;
+
+    fn interval(start: u64, end: u64, state: State) -> Interval {
+        Interval {
+            start_ns: start,
+            end_ns: end,
+            state,
+            cpu: Some(0),
+            wait: (state == State::Runnable).then_some((WaitKind::Contention, 99)),
+            woken: None,
+        }
+    }
+
+    #[test]
+    fn a_wait_for_a_preempted_sibling_is_its_run_queue_wait() {
+        // Thread 10 blocks for 10 ms until thread 11 wakes it; meanwhile 11 waited 6 ms for a
+        // CPU behind another task and ran 4 ms. 10's 10 ms: 6 run-queue contention, 4 blocked
+        // on the work handed over.
+        let w = [
+            interval(0, 6 * MS, State::Runnable),
+            interval(6 * MS, 10 * MS, State::Running),
+        ];
+        let rec = recording(vec![], vec![]);
+        let held = Held::build(&rec, &BTreeMap::new());
+        let stalls = Stalls::build(&BTreeMap::new());
+        let view = |tid: u32| {
+            (tid == 11).then(|| ThreadView {
+                intervals: &w,
+                syncs: &[],
+                migrations: vec![],
+                slices: vec![],
+            })
+        };
+        let sibling = WakerRef {
+            tid: 11,
+            pid: 10,
+            comm: "engine".into(),
+            kind: WakerKind::SameProcess,
+        };
+        let h = through_waker(
+            Some(&sibling),
+            (10, 0, 10 * MS),
+            10e6,
+            &view,
+            (&stalls, &held),
+        )
+        .expect("a sibling's wait");
+        assert_eq!(h.runq_contention_ns, 6e6);
+        assert_eq!(h.blocked_ns, 4e6);
+        assert_eq!(h.oncpu_ns, 0.0);
+        // An interrupt, or the thread itself, is no hop.
+        let irq = WakerRef {
+            kind: WakerKind::Interrupt,
+            ..sibling.clone()
+        };
+        assert!(
+            through_waker(Some(&irq), (10, 0, 10 * MS), 10e6, &view, (&stalls, &held)).is_none()
+        );
+        assert!(
+            through_waker(
+                Some(&sibling),
+                (11, 0, 10 * MS),
+                10e6,
+                &view,
+                (&stalls, &held)
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn the_part_indices_are_the_fields() {
+        let f = Breakdown::FIELDS;
+        assert_eq!(
+            (f[ONCPU], f[QUEUED], f[BLOCKED], f[RUNTIME_PAUSE]),
+            ("oncpu", "queued_oncpu", "blocked", "runtime_pause")
+        );
+    }
+}
