@@ -418,7 +418,9 @@ impl fmt::Display for Mechanism {
                 gpu_idle_pct,
             } => write!(
                 f,
-                "kernel-launch/Python overhead: the serving thread on its CPU {} of the window                  outside CUDA waits, {launches_per_s:.0} launches/s, the GPU idle {gpu_idle_pct:.0}%                  of the time",
+                "kernel-launch/Python overhead: the serving thread on its CPU {} of the window \
+                 outside CUDA waits, {launches_per_s:.0} launches/s, the GPU idle \
+                 {gpu_idle_pct:.0}% of the time",
                 crate::units::pct(*oncpu_share)
             ),
             Self::ClockThrottle { policies } => {
