@@ -367,8 +367,14 @@ impl Finished {
 impl Tracer {
     /// Starts `tracer ARGS` and waits until it says it is recording.
     pub fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// `start`, with these variables in the tracer's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(tracer_bin())
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

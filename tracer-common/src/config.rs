@@ -102,6 +102,11 @@ pub struct Config {
     /// queue, which `sched_switch` without `prev_state` (before Linux 5.18) tells a blocking
     /// switch by when the task's own switch counters were not read yet.
     pub task_on_rq_off: u32,
+    /// 1 (`--debug-bpf`): the programs log, through aya-log, each state they repair or count
+    /// because it should not happen (an untraced switch, a full map, a clock that ran
+    /// backwards), with its thread, CPU and times. 0: the verifier, which sees this constant,
+    /// drops those branches, so they cost nothing.
+    pub debug_bpf: u32,
 }
 
 impl Config {
@@ -158,6 +163,7 @@ impl Config {
             task_flags_off: 0,
             regs_syscall_off: u32::MAX,
             task_on_rq_off: 0,
+            debug_bpf: 0,
         }
     }
 }

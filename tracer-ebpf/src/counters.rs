@@ -47,6 +47,7 @@ fn read(k: usize, out: &mut CounterReading) -> bool {
     };
     if rc != 0 {
         count(Counter::PerfReadFailed);
+        anomaly!("perf counter read failed: slot {} error {}", k as u32, rc);
     }
     rc == 0
 }

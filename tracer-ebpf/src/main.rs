@@ -12,6 +12,10 @@
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+// First: the modules below use its macro.
+#[cfg(target_arch = "bpf")]
+#[macro_use]
+mod debug;
 #[cfg(target_arch = "bpf")]
 mod classic;
 #[cfg(target_arch = "bpf")]

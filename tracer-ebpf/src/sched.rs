@@ -170,6 +170,13 @@ fn unseen(t: &mut ThreadStats, c: Option<&TaskCounts>) -> Option<(i64, bool)> {
     t.voluntary_switches += nv;
     t.involuntary_switches += niv;
     add(Counter::UnseenSwitchOut, nv + niv);
+    anomaly!(
+        "unseen switch-out: tid {}'s own counters show {} voluntary and {} involuntary \
+         switches no tracepoint reported",
+        t.tid,
+        nv,
+        niv
+    );
     let ran = c
         .exec_ns
         .wrapping_sub(t.oncpu_ns)
@@ -262,6 +269,11 @@ fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
     let inserted = THREADS.insert(tid, &*t, BPF_NOEXIST);
     if inserted.is_err() && THREADS.get_ptr_mut(tid).is_none() {
         count(Counter::ThreadMapFull);
+        anomaly!(
+            "thread map full: tid {} of tgid {} is not tracked",
+            tid,
+            tgid
+        );
         return None;
     }
     THREADS.get_ptr_mut(tid).map(|t| unsafe { &mut *t })
@@ -277,6 +289,16 @@ fn leave(t: &mut ThreadStats, now: u64, before: ThreadState) -> u64 {
         t.first_state = before as u32;
         t.first_ts_ns = now;
         return 0;
+    }
+    // The switch first: off, the verifier removes the whole test, not only the log.
+    if config!(debug_bpf) != 0 && now < t.state_ts_ns {
+        anomaly!(
+            "clock ran backwards: tid {} in state {} since {} ns, now {} (the interval counts 0)",
+            t.tid,
+            state,
+            t.state_ts_ns,
+            now
+        );
     }
     let d = now.saturating_sub(t.state_ts_ns);
     if state == ThreadState::Running as u32 {
@@ -365,6 +387,11 @@ fn charge(owed: u64, pid: u32, tgid: u32) {
     read_comm(&mut p.comm, Comm::Current);
     if PREEMPTORS.insert(pid, p, BPF_NOEXIST).is_err() {
         count(Counter::PreemptorMapFull);
+        anomaly!(
+            "preemptor map full: {} ns caused by tid {} not attributed",
+            owed,
+            pid
+        );
     }
 }
 
@@ -418,6 +445,11 @@ pub fn on_process_fork(child: u32, parent: u32, comm: Comm) -> bool {
     // -E2BIG: the map is full (an entry already there, -EEXIST, is a fork seen twice).
     if CHILDREN.insert(child, c, BPF_NOEXIST) == Err(-7) {
         count(Counter::ChildMapFull);
+        anomaly!(
+            "child map full: the fork of {} by {} is not noted",
+            child,
+            parent
+        );
     }
     joins
 }
@@ -445,6 +477,10 @@ pub fn on_cgroup_attach(id: u64, root: u32, pid: u32, tgid: u32, comm: Comm) {
     read_comm(&mut c.comm, comm);
     if CHILDREN.insert(tgid, c, 0).is_err() {
         count(Counter::ChildMapFull);
+        anomaly!(
+            "child map full: {}'s move into a target cgroup is not noted",
+            tgid
+        );
     }
 }
 
@@ -649,6 +685,13 @@ fn repair_unseen_switch_in(t: &mut ThreadStats, now: u64) {
     // Called only for a thread the probes took for blocked or runnable.
     if t.state == ThreadState::Blocked as u32 {
         count(Counter::UnseenSwitchIn);
+        anomaly!(
+            "unseen switch-in: tid {} switched out while blocked since {} ns (its wakeup and \
+             switch-in were not traced); the interval is closed as blocked at {}",
+            t.tid,
+            t.state_ts_ns,
+            now
+        );
         leave(t, now, ThreadState::Blocked);
         enter(t, ThreadState::Running, now);
         t.flags |= FLAG_REPAIRED;
@@ -658,6 +701,14 @@ fn repair_unseen_switch_in(t: &mut ThreadStats, now: u64) {
         return;
     }
     count(Counter::UnseenSwitchIn);
+    anomaly!(
+        "unseen switch-in: tid {} switched out while waiting for CPU {} since {} ns (its \
+         switch-in was not traced); now {}",
+        t.tid,
+        t.wait_cpu,
+        t.state_ts_ns,
+        now
+    );
     if t.wait_cpu != NO_CPU
         && let Some(w) = CPU_WAIT.get_ptr_mut(t.wait_cpu)
     {
@@ -753,6 +804,14 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
         // Its last switch out was not traced (and its counters cannot be read: classic
         // tracepoints); the interval closes as running.
         count(Counter::UnseenSwitchOut);
+        anomaly!(
+            "unseen switch-out: tid {} switched in on CPU {} while running since {} ns as far \
+             as the probes knew; now {}",
+            t.tid,
+            cpu,
+            t.state_ts_ns,
+            now
+        );
     }
     let waited = leave(t, now, ThreadState::Runnable);
     if was == ThreadState::Runnable as u32 {
@@ -974,6 +1033,12 @@ fn flush_run(tid: u32, r: &WakerRun) {
         let inserted = WAKERS.insert(&key, &r.stats, BPF_NOEXIST);
         if inserted.is_err() {
             count(Counter::WakerMapFull);
+            anomaly!(
+                "waker map full: {} ns of tid {}'s blocked time ended by tid {} not attributed",
+                r.stats.blocked_ns,
+                tid,
+                r.waker_tid
+            );
         }
         return;
     };
@@ -1020,6 +1085,12 @@ pub fn on_migrate(tid: u32, tgid: u32, from: u32, to: u32, comm: Comm) {
         None => {
             if MIGRATIONS.insert(key, 1, BPF_NOEXIST).is_err() {
                 count(Counter::MigrationMapFull);
+                anomaly!(
+                    "migration map full: tid {} CPU {} -> {} not noted",
+                    tid,
+                    from,
+                    to
+                );
             }
         }
     }

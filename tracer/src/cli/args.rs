@@ -92,6 +92,12 @@ pub struct RecordArgs {
     /// thread but one to the overflow hash map).
     #[arg(long, default_value_t = tracer_common::THREAD_SLOTS, value_parser = parse_thread_slots, hide = true)]
     pub thread_slots: u32,
+    /// Print, from the eBPF programs (through aya-log), each state they repair or only count
+    /// because it should not happen (a switch or wakeup no tracepoint reported, a full map, a
+    /// clock that ran backwards), with the thread, CPU and times, as `bpf: ...` lines on
+    /// stderr: what to send with a report of a wrong number. Off, it costs nothing.
+    #[arg(long)]
+    pub debug_bpf: bool,
     /// Perf counters read at each context switch of the target: hardware (cycles,
     /// instructions, LLC references/misses) where a PMU allows, software (cpu-clock,
     /// context-switches, cpu-migrations, to check the plumbing), all, or none.
@@ -223,6 +229,7 @@ impl RecordArgs {
                 btf_path: self.btf.clone(),
                 markers: self.requests.markers(),
                 thread_slots: self.thread_slots,
+                debug_bpf: self.debug_bpf,
             },
             counters: self.counters,
             bin: self.bin,

@@ -98,6 +98,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
         btf_path: None,
         markers: None,
         thread_slots: tracer_common::THREAD_SLOTS,
+        debug_bpf: false,
     };
     // Loading puts every program through the verifier; nothing is attached.
     // With every record sent (timeline), the verifier sees every path.

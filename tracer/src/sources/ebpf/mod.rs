@@ -4,6 +4,7 @@
 
 pub mod btf;
 pub mod cuda;
+mod debug_log;
 mod elf;
 pub mod floor;
 pub mod layout;
@@ -112,6 +113,8 @@ pub struct ProbeOptions {
     /// Direct-mapped thread slots in the kernel (a power of two; tests make it 1 to send
     /// every thread but one to the hash map).
     pub thread_slots: u32,
+    /// `--debug-bpf`: the programs log what should not happen (`debug_log`).
+    pub debug_bpf: bool,
 }
 
 pub struct SchedProbes {
@@ -137,6 +140,8 @@ pub struct SchedProbes {
     /// For each CPython member, whether its collections are traced.
     pub pause_probes: Vec<crate::recording::pauses::PauseProbe>,
     slots: slots::ThreadSlots,
+    /// `--debug-bpf`: the programs' log, printed as it is drained.
+    debug_log: Option<debug_log::Logger>,
     /// Calls of `reap_dead` so far.
     reaps: u64,
     /// `--cgroup`: the cgroup-attach program is attached with the others (tp_btf, where the
@@ -318,6 +323,7 @@ impl SchedProbes {
         config.batch_bytes = (opts.ring_bytes / 16).min(tracer_common::BATCH_BYTES as u32);
         let thread_slots = opts.thread_slots.max(1).next_power_of_two();
         config.thread_slot_mask = thread_slots - 1;
+        config.debug_bpf = opts.debug_bpf as u32;
         if let Some(arg) = opts.markers.as_ref().and_then(|m| m.id_arg) {
             config.request_id_arg = u32::from(arg);
         }
@@ -376,6 +382,10 @@ impl SchedProbes {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
+        let debug_log = opts
+            .debug_bpf
+            .then(|| debug_log::start(&mut ebpf))
+            .transpose()?;
         // SAFETY: the ring buffer owns its map fd, which stays open as long as the AsyncFd holds
         // the ring buffer.
         let events = unsafe { AsyncFd::register(events) }
@@ -399,6 +409,7 @@ impl SchedProbes {
             gc_files: Vec::new(),
             pause_probes: Vec::new(),
             slots,
+            debug_log,
             reaps: 0,
             follow_cgroups: false,
             cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
@@ -587,6 +598,9 @@ impl SchedProbes {
     pub fn detach(&mut self) {
         self.detach_sched();
         self.detach_uprobes();
+        if let Some(log) = self.debug_log.as_mut() {
+            log.flush();
+        }
     }
 
     /// The ring buffer, for waiting on readiness.
@@ -600,6 +614,9 @@ impl SchedProbes {
     /// the recording would never see its deadline or a signal.
     pub fn drain(&mut self, mut f: impl FnMut(Record)) -> usize {
         const DRAIN_MAX: usize = 1 << 16;
+        if let Some(log) = self.debug_log.as_mut() {
+            log.flush();
+        }
         let ring = self.events.get_mut();
         let mut n = 0;
         while n < DRAIN_MAX
@@ -689,6 +706,8 @@ fn load_object(
         .map_max_entries("CPU_WAIT", cpus)
         .map_max_entries("EVENTS", opts.ring_bytes)
         .map_max_entries("THREAD_SLOTS", thread_slots)
+        // Tests fill the thread map on purpose (`--debug-bpf`'s log of it).
+        .map_max_entries("THREADS", test_max_threads())
         .load(OBJECT)
         .map_err(|e| load_error_of("", &e))?;
     let slots = slots::ThreadSlots::map(&ebpf, thread_slots)?;
@@ -702,6 +721,14 @@ fn load_object(
         switch_program,
         config,
     })
+}
+
+/// `MAX_THREADS`, or what a test sets in `TRACER_TEST_MAX_THREADS`.
+fn test_max_threads() -> u32 {
+    std::env::var("TRACER_TEST_MAX_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(tracer_common::MAX_THREADS)
 }
 
 /// Fills in the classic tracepoints' field offsets from tracefs (mounting it if need be).
