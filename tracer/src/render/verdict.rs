@@ -183,7 +183,7 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
     }
 }
 
-/// "request 17 (at 12.310 s) 31.2ms, runtime_pause 1.1ms, backlog 0.2ms": what the serving
+/// "request 17 (60.1ms on a CPU) 19.3ms, their runtime pause 1.1ms": what the serving
 /// thread was held up by while the tail waited in line (the chase, analysis/requests/queue.rs).
 fn queued_by(v: &[crate::analysis::requests::QueuedBy]) -> String {
     v.iter()

@@ -27,7 +27,7 @@ pub(super) fn through_waker<'a>(
         .filter(|w| matches!(w.kind, WakerKind::SameProcess | WakerKind::Member) && w.tid != tid)?;
     let v = views(w.tid)?;
     let (stalls, held) = ctx;
-    let mut sum = [0.0; Breakdown::FIELDS.len()];
+    let mut sum = Breakdown::default();
     let from = v.intervals.partition_point(|i: &Interval| i.end_ns <= s);
     for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
         let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
@@ -36,29 +36,24 @@ pub(super) fn through_waker<'a>(
         }
         let whole = (ie - is) as f64;
         let paused = held.paused(w.tid, is, ie) as f64;
-        sum[RUNTIME_PAUSE] += paused;
+        sum.runtime_pause_ns += paused;
         let rest = (whole - paused) / whole;
         // No queue on the other thread: its requests, if any, are not this one's.
         let (q, _) = piece(i, (is, ie), (is, is), &v, stalls, held, w.tid);
-        for (k, x) in q.values().iter().enumerate() {
-            sum[k] += x * rest;
-        }
+        sum.add_scaled(&q, rest);
     }
-    let total: f64 = sum.iter().sum();
+    let total: f64 = sum.values().iter().sum();
     if total <= 0.0 {
         return None;
     }
     // Its running is the work handed over: the serving thread was blocked on it.
-    sum[BLOCKED] += sum[ONCPU] + sum[QUEUED];
-    sum[ONCPU] = 0.0;
-    sum[QUEUED] = 0.0;
-    Some(Breakdown::from_values(sum.map(|x| x * blocked / total)))
+    sum.blocked_ns += sum.oncpu_ns + sum.queued_oncpu_ns;
+    sum.oncpu_ns = 0.0;
+    sum.queued_oncpu_ns = 0.0;
+    let mut out = Breakdown::default();
+    out.add_scaled(&sum, blocked / total);
+    Some(out)
 }
-
-const ONCPU: usize = 0;
-const QUEUED: usize = 1;
-const BLOCKED: usize = 6;
-const RUNTIME_PAUSE: usize = 8;
 
 #[cfg(test)]
 mod tests {
@@ -137,15 +132,6 @@ mod tests {
                 (&stalls, &held)
             )
             .is_none()
-        );
-    }
-
-    #[test]
-    fn the_part_indices_are_the_fields() {
-        let f = Breakdown::FIELDS;
-        assert_eq!(
-            (f[ONCPU], f[QUEUED], f[BLOCKED], f[RUNTIME_PAUSE]),
-            ("oncpu", "queued_oncpu", "blocked", "runtime_pause")
         );
     }
 }

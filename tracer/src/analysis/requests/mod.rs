@@ -229,8 +229,7 @@ fn decompose<'a>(
         {
             // The blocked time becomes what the waker went through meanwhile.
             q.blocked_ns = 0.0;
-            let (a, b) = (q.values(), h.values());
-            q = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k]));
+            q.add_scaled(&h, 1.0);
         }
         // Where the queued time lies, for the chase (queue.rs): the same amount, spread over
         // the stretch of the piece before `busy_until`.
@@ -248,8 +247,7 @@ fn decompose<'a>(
         if off > 0.0 {
             add_blocked(&mut blocked_by, waker, off);
         }
-        let (a, b) = (p.values(), q.values());
-        p = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k] * rest));
+        p.add_scaled(&q, rest);
     }
     holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
     rank_blocked(&mut blocked_by);

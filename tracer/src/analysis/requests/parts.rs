@@ -91,6 +91,12 @@ impl Breakdown {
         Self::from_values(sum.map(|s| s / n))
     }
 
+    /// Adds `f` times `o`, part by part.
+    pub fn add_scaled(&mut self, o: &Self, f: f64) {
+        let (a, b) = (self.values(), o.values());
+        *self = Self::from_values(std::array::from_fn(|k| a[k] + b[k] * f));
+    }
+
     pub fn minus(&self, o: &Self) -> Self {
         let (a, b) = (self.values(), o.values());
         Self::from_values(std::array::from_fn(|i| a[i] - b[i]))

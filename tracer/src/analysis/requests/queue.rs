@@ -242,6 +242,12 @@ mod tests {
     }
 
     #[test]
+    fn the_part_indices_are_the_fields() {
+        let f = Breakdown::FIELDS;
+        assert_eq!((f[ONCPU], f[QUEUED]), ("oncpu", "queued_oncpu"));
+    }
+
+    #[test]
     fn a_chain_behind_one_long_request_ends_at_it() {
         // L works 60 ms; B arrives at 10 ms and waits for it; C arrives at 20 ms and waits for
         // L, then for B, which was late only because it waited for L.

@@ -74,8 +74,7 @@ pub fn route(s: &Summary, r: &RequestAnalysis) -> Routed {
     }
     let mut via = Breakdown::from_values(via);
     via.queued_oncpu_ns = 0.0;
-    let (a, b) = (parts.values(), via.values());
-    parts = Breakdown::from_values(std::array::from_fn(|k| a[k] + b[k]));
+    parts.add_scaled(&via, 1.0);
     // The tail's own long work, where those requests held up later ones: at most the tail's
     // on-CPU excess, which it is part of.
     let own: f64 = r.tail.holding_up.iter().map(|q| q.ns).sum();
