@@ -33,10 +33,8 @@ pub struct DistArgs {
 const GLIBC: (u32, u32) = (2, 28);
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// Pinned like bpf-linker: the versions this was written and checked with.
-const CARGO_TOOLS: [(&str, &str, &str); 2] = [
-    ("cargo-zigbuild", "0.24.1", "cargo-zigbuild"),
-    ("cargo-deb", "3.8.0", "cargo-deb"),
-];
+/// Each crate installs a program of its own name.
+const CARGO_TOOLS: [(&str, &str); 2] = [("cargo-zigbuild", "0.24.1"), ("cargo-deb", "3.8.0")];
 const ZIGLANG: &str = "ziglang==0.15.1";
 
 pub fn dir() -> PathBuf {
@@ -69,8 +67,8 @@ pub fn dist(args: &DistArgs) -> Result<()> {
 /// The PATH entry that puts the venv's python (with ziglang) first: cargo-zigbuild runs
 /// `python3 -m ziglang` when no `zig` is on PATH.
 fn tools() -> Result<PathBuf> {
-    for (krate, version, program) in CARGO_TOOLS {
-        let have = Command::new(program)
+    for (krate, version) in CARGO_TOOLS {
+        let have = Command::new(krate)
             .arg("--version")
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(version));
@@ -81,23 +79,13 @@ fn tools() -> Result<PathBuf> {
     }
     let venv = dir().join("tools/venv");
     let python = venv.join("bin/python3");
-    let zig_ok = |python: &Path| {
-        Command::new(python)
+    // cargo-zigbuild runs `python3 -m ziglang`: that must work.
+    crate::pip_venv("dist", &venv, ZIGLANG, || {
+        Command::new(&python)
             .args(["-m", "ziglang", "version"])
             .output()
             .is_ok_and(|o| o.status.success())
-    };
-    if !zig_ok(&python) {
-        eprintln!("dist: installing {ZIGLANG} in {}", venv.display());
-        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-        run(Command::new(venv.join("bin/pip")).args(["install", "-q", ZIGLANG]))?;
-        if !zig_ok(&python) {
-            bail!(
-                "pip installed ziglang but `{} -m ziglang` fails",
-                python.display()
-            );
-        }
-    }
+    })?;
     Ok(venv.join("bin"))
 }
 

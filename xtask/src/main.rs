@@ -107,6 +107,29 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// A Python venv at `venv` with `package` installed from PyPI, unless `ready` already holds;
+/// `ready` must hold after the install. `who` prefixes what is said.
+pub fn pip_venv(
+    who: &str,
+    venv: &std::path::Path,
+    package: &str,
+    ready: impl Fn() -> bool,
+) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    eprintln!("{who}: installing {package} in {}", venv.display());
+    run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "-q", package]))?;
+    if !ready() {
+        bail!(
+            "pip installed {package} in {} but it does not work",
+            venv.display()
+        );
+    }
+    Ok(())
+}
+
 /// Runs a command and returns its stdout; its stderr goes to ours.
 pub fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd

@@ -204,15 +204,7 @@ fn host_tools() -> Result<()> {
 fn venv() -> Result<PathBuf> {
     let venv = dir().join("venv");
     let vng = venv.join("bin/vng");
-    if vng.exists() {
-        return Ok(venv);
-    }
-    eprintln!("vmtest: installing virtme-ng in {}", venv.display());
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    run(Command::new(venv.join("bin/pip")).args(["install", "-q", "virtme-ng"]))?;
-    if !vng.exists() {
-        bail!("pip installed virtme-ng but {} is missing", vng.display());
-    }
+    crate::pip_venv("vmtest", &venv, "virtme-ng", || vng.exists())?;
     Ok(venv)
 }
 
