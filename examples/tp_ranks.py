@@ -4,17 +4,19 @@ or SGLang at TP=2: each step a bf16 matmul, an all-reduce and a synchronize, ~20
 Injections act on rank 1 only: `stall` sleeps 30 ms before the all-reduce every 20 steps (a
 GC-like pause), `hog` is for CPU hogs the caller pins to rank 1's CPU (6; rank 0 runs on 2).
 Each rank logs its steps as JSON lines to LOG.RANK. NVLink multicast stays off (docs/GPU.md).
+`--one-gpu`: both ranks on GPU 0, the collective through gloo (NCCL refuses two ranks on one
+GPU): the single-GPU stand-in, whose ranks wait for each other on the host (TCP) instead.
 
-    python3 examples/tp_ranks.py stall 25 /tmp/tp.log
+    python3 examples/tp_ranks.py stall 25 /tmp/tp.log [--one-gpu]
 """
 import json, os, sys, threading, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
-def rank_main(rank, world, inject, seconds, log, cpus):
+def rank_main(rank, world, inject, seconds, log, cpus, one_gpu):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
     os.sched_setaffinity(0, {cpus[rank]})
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    torch.cuda.set_device(0 if one_gpu else rank)
+    dist.init_process_group("gloo" if one_gpu else "nccl", rank=rank, world_size=world)
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     for _ in range(20):
@@ -30,7 +32,8 @@ def rank_main(rank, world, inject, seconds, log, cpus):
         y = x @ w
         if inject == "stall" and rank == 1 and step % 20 == 0:
             time.sleep(0.03)
-        dist.all_reduce(y)
+        # Through gloo (TCP) a slice: the whole 32 MB would make each step ~40 ms.
+        dist.all_reduce(y[:128] if one_gpu else y)
         torch.cuda.synchronize()
         out.write(json.dumps({"start_ns": t0, "end_ns": time.monotonic_ns(), "tid": tid, "id": step}) + "\n")
         step += 1
@@ -40,7 +43,8 @@ def rank_main(rank, world, inject, seconds, log, cpus):
 
 if __name__ == "__main__":
     inject, seconds, log = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    one_gpu = "--one-gpu" in sys.argv[4:]
     cpus = [2, 6]
     for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         os.environ[k] = "0" if k == "NCCL_NVLS_ENABLE" else "1"
-    mp.spawn(rank_main, args=(2, inject, seconds, log, cpus), nprocs=2)
+    mp.spawn(rank_main, args=(2, inject, seconds, log, cpus, one_gpu), nprocs=2)

@@ -76,7 +76,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<Config>(), 52 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
-        assert_eq!(core::mem::size_of::<CudaThread>(), 48);
+        assert_eq!(core::mem::size_of::<CudaThread>(), 72);
         assert_eq!(
             core::mem::size_of::<ThreadCounters>(),
             16 + 24 * PERF_SLOTS + 4 * 8 * PERF_SLOTS

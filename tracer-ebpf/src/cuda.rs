@@ -6,7 +6,7 @@
 //! An entry program per function and one return program for all of them.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -39,8 +39,9 @@ macro_rules! entries {
         $(
             #[uprobe]
             pub fn $name(ctx: ProbeContext) -> u32 {
-                let _ = ctx;
-                enter(CudaFn::$f as u32)
+                // SAFETY: the probe's own pt_regs; one field at a constant offset.
+                let sp = unsafe { core::ptr::read_volatile(&raw const (*ctx.regs).rsp) };
+                enter(CudaFn::$f as u32, sp)
             }
         )*
     };
@@ -64,7 +65,7 @@ entries!(
 );
 
 #[inline(always)]
-fn enter(f: u32) -> u32 {
+fn enter(f: u32, sp: u64) -> u32 {
     let Some(tid) = target_tid() else {
         return 0;
     };
@@ -84,9 +85,20 @@ fn enter(f: u32) -> u32 {
         });
         return 0;
     }
+    // The stack grows down: a call nested in the one in progress enters below its stack
+    // pointer (or at it, by a tail call, its return address then the return probe's
+    // trampoline). One above it, or at it from the same call site, comes after that call
+    // returned unseen (`CudaThread::sync_sp`), so it starts afresh.
+    let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    if c.depth > 0 && (sp > c.sync_sp || (sp == c.sync_sp && ret == c.sync_ret)) {
+        c.lost_returns += 1;
+        c.depth = 0;
+    }
     if c.depth == 0 {
         c.sync_start_ns = now;
         c.sync_fn = f;
+        c.sync_sp = sp;
+        c.sync_ret = ret;
     }
     c.depth += 1;
     0

@@ -359,6 +359,7 @@ mod tests {
                 uuid: "GPU-x".into(),
                 gpm_supported: true,
                 used_by_target: true,
+                contexts: vec![],
             }],
             polls: vec![
                 poll(10, 0x4, 90.0),

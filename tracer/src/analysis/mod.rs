@@ -9,6 +9,7 @@ pub mod pauses;
 pub mod preemptors;
 pub mod processes;
 pub mod quantiles;
+pub mod ranks;
 pub mod report;
 pub mod requests;
 pub mod roles;

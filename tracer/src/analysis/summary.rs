@@ -93,6 +93,9 @@ pub struct Summary {
     /// Who held up whom: the threads' blocked time by the task that ended it, the largest
     /// pairs of each process first (empty: nothing was woken, or an older trace file).
     pub held_up_by: Vec<super::wakers::HeldUp>,
+    /// The tensor-parallel ranks (two or more members driving GPUs) and the late one; null
+    /// for a service with fewer.
+    pub ranks: Option<super::ranks::Ranks>,
     /// Garbage collections per thread of the CPython members (empty: none, or not traced:
     /// see `pause_probes`).
     pub gc: Vec<super::pauses::GcThread>,
@@ -204,6 +207,9 @@ pub struct CudaSummary {
     /// The largest share of a thread's busy time (on a CPU, waiting for one, or in a
     /// synchronizing call) spent waiting for the GPU.
     pub max_thread_sync_busy_share: f64,
+    /// Synchronizing calls whose return the probes missed (entered while they were being
+    /// attached), closed at the thread's next call; their time is not in `sync_ns`.
+    pub lost_returns: u64,
 }
 
 /// One thread's CUDA calls.
@@ -213,6 +219,8 @@ pub struct ThreadCuda {
     pub sync_calls: u64,
     pub sync_ns: u64,
     pub sync_max_ns: u64,
+    /// Calls whose return the probes missed (see `CudaSummary::lost_returns`).
+    pub lost_returns: u64,
     /// Share of the thread's time in the window spent in synchronizing calls.
     pub sync_share: f64,
     /// Share of its busy time (on-CPU + run-queue wait + synchronizing calls, which may overlap
@@ -324,6 +332,7 @@ fn thread_summary(rec: &Recording, t: &ThreadRecord) -> ThreadSummary {
             sync_calls: c.sync_calls,
             sync_ns: c.sync_ns,
             sync_max_ns: c.sync_max_ns,
+            lost_returns: c.lost_returns,
             sync_share: c.sync_ns as f64 / t.totals.time.alive_ns().max(1) as f64,
             sync_busy_share: c.sync_ns as f64
                 / (t.totals.time.oncpu_ns + t.totals.time.runq_wait_ns + c.sync_ns).max(1) as f64,
@@ -340,6 +349,7 @@ fn cuda_summary(rec: &Recording, threads: &[ThreadSummary]) -> CudaSummary {
         c.launches += t.launches;
         c.sync_calls += t.sync_calls;
         c.sync_ns += t.sync_ns;
+        c.lost_returns += t.lost_returns;
         c.max_thread_sync_share = c.max_thread_sync_share.max(t.sync_share);
         c.max_thread_sync_busy_share = c.max_thread_sync_busy_share.max(t.sync_busy_share);
     }
@@ -481,8 +491,10 @@ pub fn build(rec: &Recording) -> Summary {
         pause_probes: rec.pause_probes.clone(),
         migration_routes,
         pid_namespace: None,
+        ranks: None,
     };
     s.pid_namespace = pid_namespace(rec, &s);
+    s.ranks = super::ranks::summarize(rec, &s);
     s
 }
 

@@ -11,6 +11,10 @@ pub struct CudaTotals {
     /// Time inside synchronizing calls: waiting for the GPU.
     pub sync_ns: u64,
     pub sync_max_ns: u64,
+    /// Synchronizing calls whose return was not seen (entered while the probes were being
+    /// attached), found and closed at the thread's next call: their time is not counted.
+    #[serde(default)]
+    pub lost_returns: u64,
 }
 
 impl From<&tracer_common::CudaThread> for CudaTotals {
@@ -20,6 +24,7 @@ impl From<&tracer_common::CudaThread> for CudaTotals {
             sync_calls: c.sync_calls,
             sync_ns: c.sync_ns,
             sync_max_ns: c.sync_max_ns,
+            lost_returns: c.lost_returns,
         }
     }
 }

@@ -28,6 +28,10 @@ pub struct GpuDevice {
     pub gpm_supported: bool,
     /// The target had a context on this GPU when the recording started.
     pub used_by_target: bool,
+    /// Every process (members or not, kernel PIDs) with a compute context on it then: which
+    /// GPU a rank of a tensor-parallel service uses, and who else shares it.
+    #[serde(default)]
+    pub contexts: Vec<u32>,
 }
 
 /// GPM metrics over the interval ending at a poll (percent).
@@ -68,6 +72,10 @@ pub struct GpuPoll {
     /// exactly how long each did in it.
     #[serde(default)]
     pub violation_ns: Vec<Option<u64>>,
+    /// The processes with a compute context on the GPU, read with the costly calls (members
+    /// that create one during the window, neighbours that come and go); null when not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contexts: Option<Vec<u32>>,
 }
 
 /// The policies `GpuPoll::violation_ns` reads, in its order.

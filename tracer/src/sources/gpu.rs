@@ -179,16 +179,17 @@ fn select(
         let Ok(d) = nvml.device_by_index(index) else {
             continue;
         };
-        let used = d
+        let contexts: Vec<u32> = d
             .running_compute_processes()
-            .map(|ps| ps.iter().any(|p| members.contains(&p.pid)))
-            .unwrap_or(false);
+            .map(|ps| ps.iter().map(|p| p.pid).collect())
+            .unwrap_or_default();
         all.push(GpuDevice {
             index,
             name: d.name().unwrap_or_default(),
             uuid: d.uuid().unwrap_or_default(),
             gpm_supported: d.gpm_support().unwrap_or(false),
-            used_by_target: used,
+            used_by_target: contexts.iter().any(|p| members.contains(p)),
+            contexts,
         });
     }
     if all.is_empty() {
@@ -339,6 +340,7 @@ fn poll(
     let rates = costs
         .time("utilization_rates", || d.utilization_rates())
         .ok();
+    let mut contexts = None;
     let target_mem_bytes = if extras.slow {
         costs
             .time("running_compute_processes", || {
@@ -346,6 +348,7 @@ fn poll(
             })
             .ok()
             .and_then(|ps| {
+                contexts = Some(ps.iter().map(|p| p.pid).collect());
                 // The service's memory: its members' together.
                 let mine: Vec<u64> = ps
                     .iter()
@@ -382,6 +385,7 @@ fn poll(
             .ok()
             .map(|r| r.bits()),
         target_mem_bytes,
+        contexts,
         ..Default::default()
     };
     if extras.slow {

@@ -88,6 +88,7 @@ fn partial(
                 uuid: String::new(),
                 gpm_supported: false,
                 used_by_target: false,
+                contexts: vec![],
             })
             .collect(),
         selection: "recovered from the streamed polls".into(),

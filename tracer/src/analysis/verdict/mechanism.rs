@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::queue::BlockingRequest;
 use crate::analysis::neighbours::NeighbourKind;
+use crate::analysis::ranks::LateCause;
 
 /// The cause the verdict names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -26,6 +27,9 @@ pub enum Primary {
     HostBound,
     /// Requests waited behind a few long requests' own work on the serving thread.
     HeadOfLine,
+    /// One tensor-parallel rank held every step up, for a reason that has no category of its
+    /// own (off-CPU waits, or nothing measured): the others waited for it in collectives.
+    LateRank,
     /// No significant jitter, and no impediment above its threshold.
     None,
     /// Jitter present, but not explained by what was measured.
@@ -42,6 +46,7 @@ impl Primary {
             Self::RuntimePause => "runtime pause",
             Self::HostBound => "host-bound steps",
             Self::HeadOfLine => "head-of-line blocking",
+            Self::LateRank => "a late rank",
             Self::None => "no significant jitter",
             Self::Unexplained => "unexplained",
         }
@@ -111,6 +116,15 @@ pub enum Mechanism {
     OtherBlocked,
     /// Time the timeline does not cover (lost events, untraced thread).
     Uncovered,
+    /// A tensor-parallel rank the others waited for in their collectives (analysis/ranks.rs):
+    /// `own_cause` is what made it late, `peers_waited_ns` what they waited for it in all.
+    LateRank {
+        pid: u32,
+        gpus: Vec<u32>,
+        own_cause: LateCause,
+        peers_waited_ns: u64,
+        steps: Option<u64>,
+    },
 }
 
 /// A neighbour that took the CPU from the target's threads.
@@ -198,6 +212,13 @@ impl Mechanism {
             Self::LongerOncpu { .. } | Self::Queueing | Self::OtherBlocked | Self::Uncovered => {
                 Primary::Unexplained
             }
+            Self::LateRank { own_cause, .. } => match own_cause {
+                LateCause::RunQueue => Primary::Scheduling,
+                LateCause::GcPause => Primary::RuntimePause,
+                LateCause::HostWork => Primary::HostBound,
+                LateCause::GpuShared | LateCause::ClocksHeld => Primary::GpuSaturation,
+                LateCause::OffCpu | LateCause::NotMeasured => Primary::LateRank,
+            },
         }
     }
 
@@ -223,6 +244,7 @@ impl Mechanism {
             Self::Queueing => "queueing",
             Self::OtherBlocked => "other_blocked",
             Self::Uncovered => "uncovered",
+            Self::LateRank { .. } => "late_rank",
         }
     }
 
@@ -289,6 +311,29 @@ impl Mechanism {
             Self::Uncovered => {
                 "Events were lost or the serving thread was not traced: enlarge --ring-kib."
             }
+            Self::LateRank { own_cause, .. } => match own_cause {
+                LateCause::RunQueue => {
+                    "Give each rank CPUs of its own (cpuset, taskset) and keep other work off them: every rank waits for the one that waits for a CPU."
+                }
+                LateCause::GcPause => {
+                    "Call gc.freeze() after warm-up in every rank, or collect in all ranks at the same step (gc.disable() with gc.collect() every N steps), so one rank's collection does not stall the others."
+                }
+                LateCause::OffCpu => {
+                    "Find what the late rank's thread blocks on in its step (the held-up-by pairs list its wakers): a sleep, I/O or a lock there holds every rank up."
+                }
+                LateCause::HostWork => {
+                    "The late rank does more host work per step than its peers: profile it (py-spy, perf record) and even out the work (its own inputs, logging, a rank-0-only task)."
+                }
+                LateCause::GpuShared => {
+                    "Move the other processes off the late rank's GPU: every rank waits for the slowest GPU."
+                }
+                LateCause::ClocksHeld => {
+                    "The late rank's GPU had its clocks held down: check its power limit and cooling (nvidia-smi -q -d POWER,PERFORMANCE)."
+                }
+                LateCause::NotMeasured => {
+                    "Nothing measured explains why the rank is late: look at its timeline (--perfetto) around the steps its peers waited on."
+                }
+            },
         };
         s.into()
     }
@@ -452,6 +497,43 @@ impl fmt::Display for Mechanism {
             Self::Queueing => write!(f, "queueing behind earlier requests"),
             Self::OtherBlocked => write!(f, "other off-CPU waits (locks, I/O, sleeps)"),
             Self::Uncovered => write!(f, "time the timeline does not cover"),
+            Self::LateRank {
+                gpus,
+                own_cause,
+                peers_waited_ns,
+                steps,
+                ..
+            } => {
+                let what = match own_cause {
+                    LateCause::RunQueue => "waiting for a CPU",
+                    LateCause::GcPause => "its garbage collections",
+                    LateCause::OffCpu => "off-CPU waits",
+                    LateCause::HostWork => "more host work than its peers",
+                    LateCause::GpuShared => "its GPU shared with other processes",
+                    LateCause::ClocksHeld => "its GPU's clocks held down",
+                    LateCause::NotMeasured => "a reason not measured",
+                };
+                let gpu = match gpus.as_slice() {
+                    [] => "a rank".to_string(),
+                    [g] => format!("the rank on GPU {g}"),
+                    many => format!(
+                        "the rank on GPUs {}",
+                        many.iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
+                write!(
+                    f,
+                    "{gpu} late, by {what}: the other ranks waited {} for it in collectives",
+                    crate::units::dur(*peers_waited_ns)
+                )?;
+                if let Some(n) = steps.filter(|n| *n > 0) {
+                    write!(f, " ({} a step)", crate::units::dur(peers_waited_ns / n))?;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod mechanism;
 pub mod model;
 mod placement;
 mod queue;
+mod ranks;
 mod requests;
 
 pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};
@@ -57,6 +58,7 @@ pub fn judge(s: &Summary) -> Verdict {
             ..c
         })
         .collect();
+    let causes = ranks::apply(s, causes);
     let primary = match (causes.first(), reqs) {
         (Some(c), _) => c.cause(),
         (None, Some(r)) if r.jitter => Primary::Unexplained,

@@ -92,6 +92,8 @@ fn window_part(t: &ThreadSummary, m: &Mechanism) -> f64 {
         | Mechanism::LaunchOverhead { .. } => t.totals.time.oncpu_ns,
         Mechanism::LockWait { .. } => t.totals.time.blocked_ns,
         Mechanism::OtherBlocked | Mechanism::Uncovered => t.offcpu_ns,
+        // Placed by the rule that finds it (verdict/ranks.rs): the late rank's threads.
+        Mechanism::LateRank { pid, .. } => (t.pid == *pid) as u64 * t.totals.time.alive_ns(),
     };
     ns as f64
 }
@@ -131,5 +133,6 @@ fn request_part(b: &Breakdown, m: &Mechanism) -> f64 {
         Mechanism::LongRequestOnServingThread { .. } => b.queued_oncpu_ns + b.oncpu_ns,
         Mechanism::OtherBlocked => b.blocked_ns,
         Mechanism::Uncovered => b.uncovered_ns,
+        Mechanism::LateRank { .. } => 0.0,
     }
 }

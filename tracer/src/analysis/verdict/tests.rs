@@ -201,6 +201,7 @@ impl Server {
                 sync_calls: self.syncs.len() as u64,
                 sync_ns,
                 sync_max_ns: 0,
+                ..Default::default()
             });
         }
         let mut rec = recording(vec![th], preemptors);
@@ -248,6 +249,7 @@ fn with_gpu(rec: &mut Recording, util: f64) {
             uuid: "GPU-x".into(),
             gpm_supported: false,
             used_by_target: true,
+            contexts: vec![],
         }],
         util_samples: vec![UtilSample {
             device: 0,
@@ -594,6 +596,7 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
         sync_calls: 100,
         sync_ns: 500 * MS,
         sync_max_ns: 10 * MS,
+        ..Default::default()
     });
     with_gpu(&mut rec, 97.0);
     rec.threads[0].totals.time.blocked_ns = 700 * MS;
@@ -610,6 +613,7 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
         sync_calls: 30,
         sync_ns: 30 * MS,
         sync_max_ns: MS,
+        ..Default::default()
     });
     rec.threads[0].totals.time.blocked_ns = 970 * MS;
     with_gpu(&mut rec, 97.0);

@@ -124,10 +124,15 @@ impl CudaProbes {
                 continue;
             };
             let enter = entry_program(f);
-            let mut probes = vec![enter.as_str()];
+            // The return probe first: a call entered between the two attachments then has
+            // its return seen and its entry not, which the return program ignores; the other
+            // way round its return would go unseen, and the thread's calls with it until the
+            // entry program notices (tracer-common `CudaThread::sync_sp`).
+            let mut probes = vec![];
             if f.synchronizes() {
                 probes.push("cuda_call_exit");
             }
+            probes.push(enter.as_str());
             for name in probes {
                 let prog: &mut UProbe = ebpf
                     .program_mut(name)

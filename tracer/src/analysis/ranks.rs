@@ -1,0 +1,410 @@
+//! Tensor-parallel ranks: members of the service that each drive a GPU and meet the others in
+//! collectives every step, so a step lasts as long as the latest rank. Per rank, what it spent
+//! where; then the late rank (the straggler), found from the waiting: the others wait for it
+//! (inside synchronizing CUDA calls while the collective spins on their GPUs, or blocked until
+//! a rank's thread wakes them, for a host-side collective), so it is the one that waits least.
+//! Its own cause is the part of its time where it exceeds its peers most. The rules and
+//! thresholds are in docs/ATTRIBUTION.md ("Tensor-parallel ranks"). Pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::summary::Summary;
+use crate::recording::{Recording, wakers::BlockedIn};
+
+/// The late rank's peers must wait this share of the window more than it does (and 10 ms)...
+pub const MIN_PEER_EXCESS: f64 = 0.05;
+/// ...and at least this many times its own waiting: two ranks a few percent apart are not
+/// waiting for each other.
+pub const MIN_PEER_RATIO: f64 = 1.5;
+/// A cause must account for this share of what the peers waited for to be named.
+pub const MIN_CAUSE_SHARE: f64 = 0.25;
+/// The busy share other processes' kernels must take of a rank's GPU (points) to make it the
+/// late one when the host side cannot tell.
+pub const MIN_FOREIGN_SM_PCT: f64 = 10.0;
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Rank {
+    /// The member (`processes[].pid`).
+    pub pid: u32,
+    pub role: String,
+    /// The GPUs it held a compute context on (NVML), lowest first; empty when not sampled.
+    pub gpus: Vec<u32>,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub blocked_ns: u64,
+    pub launches: u64,
+    pub sync_calls: u64,
+    /// Time inside synchronizing CUDA calls (its GPU work and the collectives' waits).
+    pub sync_ns: u64,
+    /// Blocked time of its threads that another rank's thread ended (a host-side collective).
+    pub blocked_by_ranks_ns: u64,
+    /// `sync_ns + blocked_by_ranks_ns`: its waiting for GPUs and for the other ranks.
+    pub waiting_ns: u64,
+    /// Garbage collections (CPython's USDT probes), in all.
+    pub gc_ns: u64,
+    /// Its GPUs' busy share, and the part of it its own kernels took (NVML per-process
+    /// samples; null when NVML reported none).
+    pub gpu_busy_pct: Option<f64>,
+    pub own_sm_pct: Option<f64>,
+    /// Processes outside the service with a context on its GPUs.
+    pub others_on_gpu: Vec<u32>,
+    /// Time a power, thermal, board or reliability policy held its GPUs' clocks down.
+    pub clocks_held_ns: u64,
+}
+
+/// What made the late rank late: the part of its time where it exceeded its peers' median
+/// most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LateCause {
+    /// Waiting for a CPU.
+    RunQueue,
+    /// Its runtime's garbage collections.
+    GcPause,
+    /// Off a CPU, not for a rank nor for its GPU: sleeps, I/O, locks.
+    OffCpu,
+    /// On a CPU outside synchronizing calls: host work (Python, launches).
+    HostWork,
+    /// Its GPU shared with processes outside the service.
+    GpuShared,
+    /// Its GPU's clocks held down by a policy.
+    ClocksHeld,
+    /// Nothing measured accounts for it.
+    NotMeasured,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Straggler {
+    pub pid: u32,
+    pub gpus: Vec<u32>,
+    /// The peers' median waiting less the late rank's: what they waited for it, in all.
+    pub peers_waited_ns: u64,
+    /// The late rank's synchronizing calls, as steps, when every rank made about as many
+    /// (within 10 %): the per-step figure is `peers_waited_ns / steps`.
+    pub steps: Option<u64>,
+    pub cause: LateCause,
+    /// How much more of that than its peers' median, ns.
+    pub cause_ns: u64,
+    /// The evidence in words ("run-queue waits 1.36 s against 12 ms for its peers").
+    pub evidence: String,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Ranks {
+    /// By first GPU, then PID.
+    pub ranks: Vec<Rank>,
+    pub straggler: Option<Straggler>,
+}
+
+/// The ranks of the service (two or more members driving GPUs), or none.
+pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
+    let members: BTreeSet<u32> = s.processes.iter().map(|p| p.pid).collect();
+    let contexts = gpu_contexts(rec);
+    let mut ranks: Vec<Rank> = s
+        .processes
+        .iter()
+        .map(|p| rank(rec, s, p, &contexts, &members))
+        .filter(|r| r.launches + r.sync_calls > 0 || (!s.cuda.measured && !r.gpus.is_empty()))
+        .collect();
+    if ranks.len() < 2 {
+        return None;
+    }
+    ranks.sort_by_key(|r| (r.gpus.first().copied().unwrap_or(u32::MAX), r.pid));
+    let mut straggler = late_by_waiting(&ranks, s.duration_ns).or_else(|| late_by_gpu(&ranks));
+    if let Some(st) = straggler
+        .as_mut()
+        .filter(|st| st.cause == LateCause::OffCpu)
+        && let Some(b) = off_cpu_in(rec, s, st.pid)
+    {
+        st.evidence
+            .push_str(&format!(" (mostly blocked in {})", b.name()));
+    }
+    Some(Ranks { ranks, straggler })
+}
+
+/// GPU index -> every PID NVML listed with a context on it, at the start or at any poll.
+fn gpu_contexts(rec: &Recording) -> BTreeMap<u32, BTreeSet<u32>> {
+    let mut out: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    let Some(g) = &rec.gpu else { return out };
+    for d in &g.devices {
+        out.entry(d.index).or_default().extend(&d.contexts);
+    }
+    for p in &g.polls {
+        if let Some(c) = &p.contexts {
+            out.entry(p.device).or_default().extend(c);
+        }
+    }
+    out
+}
+
+fn rank(
+    rec: &Recording,
+    s: &Summary,
+    p: &super::processes::ProcessSummary,
+    contexts: &BTreeMap<u32, BTreeSet<u32>>,
+    members: &BTreeSet<u32>,
+) -> Rank {
+    let gpus: Vec<u32> = contexts
+        .iter()
+        .filter(|(_, pids)| pids.contains(&p.pid))
+        .map(|(&g, _)| g)
+        .collect();
+    let mut r = Rank {
+        pid: p.pid,
+        role: p.role.clone(),
+        oncpu_ns: p.totals.time.oncpu_ns,
+        runq_wait_ns: p.totals.time.runq_wait_ns,
+        blocked_ns: p.totals.time.blocked_ns,
+        launches: 0,
+        sync_calls: 0,
+        sync_ns: 0,
+        blocked_by_ranks_ns: 0,
+        waiting_ns: 0,
+        gc_ns: s
+            .gc
+            .iter()
+            .filter(|g| g.pid == p.pid)
+            .map(|g| g.total_ns)
+            .sum(),
+        gpu_busy_pct: None,
+        own_sm_pct: None,
+        others_on_gpu: gpus
+            .iter()
+            .flat_map(|g| contexts[g].iter().copied())
+            .filter(|pid| !members.contains(pid))
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect(),
+        clocks_held_ns: 0,
+        gpus,
+    };
+    for c in s
+        .threads
+        .iter()
+        .filter(|t| t.pid == p.pid)
+        .filter_map(|t| t.cuda.as_ref())
+    {
+        r.launches += c.launches;
+        r.sync_calls += c.sync_calls;
+        r.sync_ns += c.sync_ns;
+    }
+    // A rank's thread blocked until a thread of another GPU-driving member woke it: filled in
+    // once every member's GPU use is known (`late_by_waiting` needs only the totals).
+    r.blocked_by_ranks_ns = rec
+        .wakers
+        .iter()
+        .filter(|w| w.waker_tgid != p.pid && members.contains(&w.waker_tgid))
+        .filter(|w| s.threads.iter().any(|t| t.tid == w.tid && t.pid == p.pid))
+        .map(|w| w.blocked_ns)
+        .sum();
+    r.waiting_ns = r.sync_ns + r.blocked_by_ranks_ns;
+    if let Some(g) = &s.gpu {
+        let mine: Vec<&super::gpu::GpuDeviceSummary> = g
+            .devices
+            .iter()
+            .filter(|d| r.gpus.contains(&d.index))
+            .collect();
+        r.gpu_busy_pct = mean(mine.iter().filter_map(|d| d.util_gpu_pct));
+        r.own_sm_pct = mean(mine.iter().filter_map(|d| {
+            d.member_sm
+                .iter()
+                .find(|m| m.pid == p.pid)
+                .map(|m| m.sm_pct)
+        }));
+        r.clocks_held_ns = mine
+            .iter()
+            .flat_map(|d| &d.clock_violations)
+            .filter(|v| {
+                matches!(
+                    v.policy.as_str(),
+                    "power" | "thermal" | "board_limit" | "reliability"
+                )
+            })
+            .map(|v| v.ns)
+            .max()
+            .unwrap_or(0);
+    }
+    r
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    match v.len() {
+        0 => 0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
+}
+
+/// The rank that waits least, when its peers wait clearly more (`MIN_PEER_EXCESS`,
+/// `MIN_PEER_RATIO`).
+fn late_by_waiting(ranks: &[Rank], window_ns: u64) -> Option<Straggler> {
+    let late = ranks.iter().min_by_key(|r| (r.waiting_ns, r.pid))?;
+    let peers: Vec<&Rank> = ranks.iter().filter(|r| r.pid != late.pid).collect();
+    let peer_wait = median(peers.iter().map(|r| r.waiting_ns).collect());
+    let excess = peer_wait.saturating_sub(late.waiting_ns);
+    let floor = (MIN_PEER_EXCESS * window_ns as f64).max(10e6);
+    if (excess as f64) < floor || (peer_wait as f64) < MIN_PEER_RATIO * late.waiting_ns as f64 {
+        return None;
+    }
+    let peer = |f: fn(&Rank) -> u64| median(peers.iter().map(|r| f(r)).collect());
+    let off_cpu = |r: &Rank| {
+        r.blocked_ns
+            .saturating_sub(r.blocked_by_ranks_ns)
+            .saturating_sub(r.gc_ns)
+    };
+    // On-CPU time as it is: peers that spin in synchronize are on a CPU meanwhile, so their
+    // host work cannot be told from their waiting; compared as it is, host work is only named
+    // where the late rank was on a CPU more than spinning peers were.
+    let host = |r: &Rank| r.oncpu_ns;
+    let parts: [(LateCause, u64, u64); 4] = [
+        (
+            LateCause::RunQueue,
+            late.runq_wait_ns,
+            peer(|r| r.runq_wait_ns),
+        ),
+        (LateCause::GcPause, late.gc_ns, peer(|r| r.gc_ns)),
+        (LateCause::OffCpu, off_cpu(late), peer(off_cpu)),
+        (LateCause::HostWork, host(late), peer(host)),
+    ];
+    let (cause, own, theirs) = parts
+        .iter()
+        .copied()
+        .max_by_key(|(_, own, theirs)| own.saturating_sub(*theirs))?;
+    let more = own.saturating_sub(theirs);
+    let (cause, cause_ns, evidence) = if (more as f64) >= MIN_CAUSE_SHARE * excess as f64 {
+        let what = match cause {
+            LateCause::RunQueue => "run-queue waits",
+            LateCause::GcPause => "garbage collections",
+            LateCause::OffCpu => "off-CPU waits not for a rank or its GPU",
+            _ => "on-CPU time outside synchronizing calls",
+        };
+        (
+            cause,
+            more,
+            format!("{what} {} against {} for its peers", ms(own), ms(theirs)),
+        )
+    } else if let Some(g) = gpu_side(late, &peers) {
+        g
+    } else {
+        (
+            LateCause::NotMeasured,
+            0,
+            "no measured part of its time exceeds its peers' by enough to explain it".into(),
+        )
+    };
+    let calls: Vec<u64> = ranks.iter().map(|r| r.sync_calls).collect();
+    let (lo, hi) = (*calls.iter().min()?, *calls.iter().max()?);
+    let steps = (lo > 0 && (hi - lo) * 10 <= hi).then_some(late.sync_calls);
+    Some(Straggler {
+        pid: late.pid,
+        gpus: late.gpus.clone(),
+        peers_waited_ns: excess,
+        steps,
+        cause,
+        cause_ns,
+        evidence,
+    })
+}
+
+/// The late rank's GPU side: other processes on its GPU, or its clocks held down, where its
+/// peers' GPUs had neither.
+fn gpu_side(late: &Rank, peers: &[&Rank]) -> Option<(LateCause, u64, String)> {
+    if let Some(f) = foreign_pct(late).filter(|f| *f >= MIN_FOREIGN_SM_PCT)
+        && peers
+            .iter()
+            .all(|p| foreign_pct(p).is_none_or(|x| x < f / 2.0))
+    {
+        return Some((
+            LateCause::GpuShared,
+            0,
+            format!(
+                "its GPU {}% busy, {:.0} points of it other processes' kernels ({})",
+                late.gpu_busy_pct.unwrap_or(0.0).round(),
+                f,
+                pids(&late.others_on_gpu)
+            ),
+        ));
+    }
+    let held = late.clocks_held_ns;
+    (held > 0 && peers.iter().all(|p| p.clocks_held_ns * 2 < held)).then(|| {
+        (
+            LateCause::ClocksHeld,
+            held,
+            format!(
+                "its GPU's clocks held down for {} (NVML violation counters)",
+                ms(held)
+            ),
+        )
+    })
+}
+
+/// The busy share of a rank's GPU not from its own kernels, where NVML said both; with other
+/// processes on it and no per-process figure, the whole busy share.
+fn foreign_pct(r: &Rank) -> Option<f64> {
+    if r.others_on_gpu.is_empty() {
+        return None;
+    }
+    let busy = r.gpu_busy_pct?;
+    Some((busy - r.own_sm_pct.unwrap_or(0.0)).max(0.0))
+}
+
+/// When every rank waits about as long (a slow GPU holds every step up for all of them, its
+/// own rank included), the rank whose GPU other processes share, if only its GPU is shared.
+fn late_by_gpu(ranks: &[Rank]) -> Option<Straggler> {
+    let (late, f) = ranks
+        .iter()
+        .filter_map(|r| foreign_pct(r).map(|f| (r, f)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if f < MIN_FOREIGN_SM_PCT
+        || ranks
+            .iter()
+            .any(|r| r.pid != late.pid && !r.others_on_gpu.is_empty())
+    {
+        return None;
+    }
+    let peers: Vec<&Rank> = ranks.iter().filter(|r| r.pid != late.pid).collect();
+    let (cause, cause_ns, evidence) = gpu_side(late, &peers)?;
+    Some(Straggler {
+        pid: late.pid,
+        gpus: late.gpus.clone(),
+        // Every rank waited for that GPU, its own rank too: the peers' waiting is all of it.
+        peers_waited_ns: median(peers.iter().map(|r| r.waiting_ns).collect()),
+        steps: None,
+        cause,
+        cause_ns,
+        evidence,
+    })
+}
+
+fn pids(p: &[u32]) -> String {
+    let named: Vec<String> = p.iter().take(4).map(|p| format!("PID {p}")).collect();
+    named.join(", ") + if p.len() > 4 { ", ..." } else { "" }
+}
+
+fn ms(ns: u64) -> String {
+    crate::units::dur_f(ns as f64)
+}
+
+/// The system call most of a rank's blocked time was in (for the evidence: "blocked in a
+/// sleep"), from its threads' waker records.
+fn off_cpu_in(rec: &Recording, s: &Summary, pid: u32) -> Option<BlockedIn> {
+    let mut by: BTreeMap<String, (u64, BlockedIn)> = BTreeMap::new();
+    for w in &rec.wakers {
+        if s.threads.iter().any(|t| t.tid == w.tid && t.pid == pid) {
+            let b = w.blocked_in();
+            by.entry(format!("{b:?}")).or_insert((0, b)).0 += w.blocked_ns;
+        }
+    }
+    by.into_values().max_by_key(|(ns, _)| *ns).map(|(_, b)| b)
+}
+
+#[cfg(test)]
+mod tests;
