@@ -31,6 +31,7 @@ pub struct Rank {
     pub role: String,
     /// The GPUs it held a compute context on (NVML), lowest first; empty when not sampled.
     pub gpus: Vec<u32>,
+    /// Its GPU-driving threads' times (all its threads' where no CUDA call was seen).
     pub oncpu_ns: u64,
     pub runq_wait_ns: u64,
     pub blocked_ns: u64,
@@ -38,7 +39,8 @@ pub struct Rank {
     pub sync_calls: u64,
     /// Time inside synchronizing CUDA calls (its GPU work and the collectives' waits).
     pub sync_ns: u64,
-    /// Blocked time of its threads that another rank's thread ended (a host-side collective).
+    /// Blocked time of its GPU-driving threads that another rank's thread ended (a host-side
+    /// collective on the step's thread).
     pub blocked_by_ranks_ns: u64,
     /// `sync_ns + blocked_by_ranks_ns`: its waiting for GPUs and for the other ranks.
     pub waiting_ns: u64,
@@ -111,6 +113,11 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     if ranks.len() < 2 {
         return None;
     }
+    let pids: BTreeSet<u32> = ranks.iter().map(|r| r.pid).collect();
+    for r in &mut ranks {
+        r.blocked_by_ranks_ns = blocked_by_ranks(rec, s, r.pid, &pids);
+        r.waiting_ns = r.sync_ns + r.blocked_by_ranks_ns;
+    }
     ranks.sort_by_key(|r| (r.gpus.first().copied().unwrap_or(u32::MAX), r.pid));
     let mut straggler = late_by_waiting(&ranks, s.duration_ns).or_else(|| late_by_gpu(&ranks));
     if let Some(st) = straggler
@@ -180,26 +187,25 @@ fn rank(
         clocks_held_ns: 0,
         gpus,
     };
-    for c in s
-        .threads
-        .iter()
-        .filter(|t| t.pid == p.pid)
-        .filter_map(|t| t.cuda.as_ref())
-    {
+    // The times are its GPU-driving threads' (launches or synchronizing calls), where the
+    // probes saw any: a rank has tens of threads idle in poll or a condition variable all the
+    // window (measured: 140 s blocked in 8 s), whose time would drown the step thread's.
+    let mut stepping = crate::recording::threads::StateTimes::default();
+    for t in s.threads.iter().filter(|t| t.pid == p.pid) {
+        let Some(c) = t.cuda.as_ref().filter(|c| c.launches + c.sync_calls > 0) else {
+            continue;
+        };
         r.launches += c.launches;
         r.sync_calls += c.sync_calls;
         r.sync_ns += c.sync_ns;
+        stepping += t.totals.time;
     }
-    // A rank's thread blocked until a thread of another GPU-driving member woke it: filled in
-    // once every member's GPU use is known (`late_by_waiting` needs only the totals).
-    r.blocked_by_ranks_ns = rec
-        .wakers
-        .iter()
-        .filter(|w| w.waker_tgid != p.pid && members.contains(&w.waker_tgid))
-        .filter(|w| s.threads.iter().any(|t| t.tid == w.tid && t.pid == p.pid))
-        .map(|w| w.blocked_ns)
-        .sum();
-    r.waiting_ns = r.sync_ns + r.blocked_by_ranks_ns;
+    if r.launches + r.sync_calls > 0 {
+        r.oncpu_ns = stepping.oncpu_ns;
+        r.runq_wait_ns = stepping.runq_wait_ns;
+        r.blocked_ns = stepping.blocked_ns;
+    }
+
     if let Some(g) = &s.gpu {
         let mine: Vec<&super::gpu::GpuDeviceSummary> = g
             .devices
@@ -227,6 +233,36 @@ fn rank(
             .unwrap_or(0);
     }
     r
+}
+
+/// Blocked time of rank `pid`'s GPU-driving threads (launches or synchronizing calls) that a
+/// thread of another rank ended: a collective that waits on the host, on the step's own
+/// thread. Other threads are left out: a transport's I/O thread (gloo's) waits for the peer's
+/// next message all the time between collectives, on time or late, and which rank it waits for
+/// more says nothing about which one is late (single-GPU runs, docs/GPU.md); the step thread
+/// waits for that I/O thread, one hop on, which is not followed here.
+fn blocked_by_ranks(rec: &Recording, s: &Summary, pid: u32, ranks: &BTreeSet<u32>) -> u64 {
+    let steppers = steppers(s, pid);
+    rec.wakers
+        .iter()
+        .filter(|w| steppers.contains(&w.tid))
+        .filter(|w| w.waker_tgid != pid && ranks.contains(&w.waker_tgid))
+        .map(|w| w.blocked_ns)
+        .sum()
+}
+
+/// The GPU-driving threads of process `pid`: launches or synchronizing calls seen.
+fn steppers(s: &Summary, pid: u32) -> BTreeSet<u32> {
+    s.threads
+        .iter()
+        .filter(|t| t.pid == pid)
+        .filter(|t| {
+            t.cuda
+                .as_ref()
+                .is_some_and(|c| c.launches + c.sync_calls > 0)
+        })
+        .map(|t| t.tid)
+        .collect()
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -393,12 +429,13 @@ fn ms(ns: u64) -> String {
     crate::units::dur_f(ns as f64)
 }
 
-/// The system call most of a rank's blocked time was in (for the evidence: "blocked in a
-/// sleep"), from its threads' waker records.
+/// The system call most of a rank's step-thread blocked time was in (for the evidence:
+/// "blocked in a sleep"), from the waker records.
 fn off_cpu_in(rec: &Recording, s: &Summary, pid: u32) -> Option<BlockedIn> {
     let mut by: BTreeMap<String, (u64, BlockedIn)> = BTreeMap::new();
+    let stepping = steppers(s, pid);
     for w in &rec.wakers {
-        if s.threads.iter().any(|t| t.tid == w.tid && t.pid == pid) {
+        if stepping.contains(&w.tid) {
             let b = w.blocked_in();
             by.entry(format!("{b:?}")).or_insert((0, b)).0 += w.blocked_ns;
         }

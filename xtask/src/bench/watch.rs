@@ -277,6 +277,9 @@ fn soak(ctx: &Ctx, length: Duration, keep: Duration, interval: Duration) -> Resu
         "steady_min_bytes": lo,
         "steady_max_bytes": hi,
         "steady_spread_bytes": lo.zip(hi).map(|(a, b)| b - a),
+        // What a leak would show: the spread also counts a dip, such as the memory handed
+        // back right after a flight-recorder file (malloc_trim), which the next window refills.
+        "steady_growth_bytes": steady.first().zip(steady.last()).map(|(a, b)| *b as i64 - *a as i64),
         "flight_recorder_bytes": flight_bytes.ok(),
     }))
 }
@@ -335,7 +338,7 @@ pub fn render(m: &Value) -> String {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     s += &format!(
         "soak: {:.0} s of --keep {:.0}s on {} threads ({:.0} switches/s): RSS {:.1}..{:.1} MB once \
-         full (spread {:.2} MB), flight recorder {:.2} MB\n",
+         full (spread {:.2} MB, first to last {:+.2} MB), flight recorder {:.2} MB\n",
         f(&k["length_s"]),
         f(&k["keep_s"]),
         k["threads"],
@@ -343,6 +346,7 @@ pub fn render(m: &Value) -> String {
         f(&k["steady_min_bytes"]) / 1e6,
         f(&k["steady_max_bytes"]) / 1e6,
         f(&k["steady_spread_bytes"]) / 1e6,
+        f(&k["steady_growth_bytes"]) / 1e6,
         f(&k["flight_recorder_bytes"]) / 1e6
     );
     s
