@@ -107,7 +107,7 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     let mut ranks: Vec<Rank> = s
         .processes
         .iter()
-        .map(|p| rank(rec, s, p, &contexts, &members))
+        .map(|p| rank(s, p, &contexts, &members))
         .filter(|r| r.launches + r.sync_calls > 0 || (!s.cuda.measured && !r.gpus.is_empty()))
         .collect();
     if ranks.len() < 2 {
@@ -147,7 +147,6 @@ fn gpu_contexts(rec: &Recording) -> BTreeMap<u32, BTreeSet<u32>> {
 }
 
 fn rank(
-    rec: &Recording,
     s: &Summary,
     p: &super::processes::ProcessSummary,
     contexts: &BTreeMap<u32, BTreeSet<u32>>,

@@ -87,3 +87,74 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         pause_probes: vec![],
     }
 }
+
+/// Two tensor-parallel ranks, one process a GPU, over a 1-s window: rank PID 300 (GPU 0, 97 %
+/// busy to NVML: the collective spins there while it waits) is 500 ms in synchronize; rank
+/// PID 400 (GPU 1, 10 % busy) sleeps 650 ms and waits 50 ms: the late one.
+pub fn two_ranks() -> Recording {
+    use crate::recording::{
+        ProcessRecord,
+        cuda::CudaTotals,
+        gpu::{GpuDevice, GpuRecording, UtilKind, UtilSample},
+    };
+    const MS: u64 = 1_000_000;
+    let rank = |tid: u32, pid: u32, sync_ms: u64, blocked_ms: u64| {
+        let mut t = thread(tid, 300 * MS, 0, &[]);
+        t.pid = pid;
+        t.totals.time.blocked_ns = blocked_ms * MS;
+        t.cuda = Some(CudaTotals {
+            launches: 1000,
+            sync_calls: 100,
+            sync_ns: sync_ms * MS,
+            sync_max_ns: 10 * MS,
+            ..Default::default()
+        });
+        t
+    };
+    let mut rec = recording(
+        vec![rank(301, 300, 500, 200), rank(401, 400, 50, 650)],
+        vec![],
+    );
+    (rec.start_ns, rec.end_ns) = (0, 1000 * MS);
+    rec.processes = [300, 400]
+        .map(|pid| ProcessRecord {
+            pid,
+            ppid: 1,
+            comm: "python3".into(),
+            cmdline: vec!["python3 -m worker".into()],
+            given: true,
+            joined_ns: None,
+            cgroup: None,
+            python: None,
+        })
+        .to_vec();
+    rec.capabilities.gpu.available = true;
+    rec.capabilities.gpu.cuda.available = true;
+    let gpus = [(0, 300, 97.0), (1, 400, 10.0)];
+    rec.gpu = Some(GpuRecording {
+        devices: gpus
+            .iter()
+            .map(|&(index, pid, _)| GpuDevice {
+                index,
+                name: "H200".into(),
+                uuid: format!("GPU-{index}"),
+                gpm_supported: false,
+                used_by_target: true,
+                contexts: vec![pid],
+            })
+            .collect(),
+        util_samples: gpus
+            .iter()
+            .map(|&(device, _, pct)| UtilSample {
+                device,
+                kind: UtilKind::Gpu,
+                pid: 0,
+                start_ns: 0,
+                end_ns: 1000 * MS,
+                pct,
+            })
+            .collect(),
+        ..Default::default()
+    });
+    rec
+}

@@ -4,6 +4,7 @@ mod held_up;
 pub mod html;
 pub mod perfetto;
 pub mod prometheus;
+mod ranks;
 pub mod text;
 pub mod verdict;
 

@@ -268,6 +268,7 @@ pub fn render(r: &Report) -> String {
 
     counters(&mut out, s);
     gpu(&mut out, s);
+    super::ranks::ranks(&mut out, s);
 
     if s.preemptors.is_empty() {
         let _ = writeln!(

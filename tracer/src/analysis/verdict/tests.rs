@@ -722,48 +722,9 @@ fn requests_queued_behind_long_ones_are_head_of_line_with_the_long_ones_named() 
     );
 }
 
-/// Two tensor-parallel ranks, one process a GPU: rank PID 300 (GPU 0) waits 500 ms in
-/// synchronize while its GPU spins in the collective (97 % busy to NVML); rank PID 400 (GPU 1)
-/// sleeps 650 ms of the window and waits 50 ms.
-fn two_ranks() -> Recording {
-    let mut rec = window(300, 0, vec![]);
-    let cuda = |sync_ms: u64| {
-        Some(CudaTotals {
-            launches: 1000,
-            sync_calls: 100,
-            sync_ns: sync_ms * MS,
-            sync_max_ns: 10 * MS,
-            ..Default::default()
-        })
-    };
-    rec.threads[0].tid = 301;
-    rec.threads[0].pid = 300;
-    rec.threads[0].cuda = cuda(500);
-    rec.threads[0].totals.time.blocked_ns = 200 * MS;
-    let mut late = thread(401, 300 * MS, 0, &[]);
-    late.pid = 400;
-    late.cuda = cuda(50);
-    late.totals.time.blocked_ns = 650 * MS;
-    rec.threads.push(late);
-    rec.processes = vec![
-        member(300, 1, "python3 -m worker", true),
-        member(400, 1, "python3 -m worker", true),
-    ];
-    with_gpu(&mut rec, 97.0);
-    let g = rec.gpu.as_mut().expect("gpu");
-    g.devices[0].contexts = vec![300];
-    let mut second = g.devices[0].clone();
-    (second.index, second.contexts) = (1, vec![400]);
-    g.devices.push(second);
-    let mut util = g.util_samples[0];
-    (util.device, util.pct) = (1, 10.0);
-    g.util_samples.push(util);
-    rec
-}
-
 #[test]
 fn the_late_rank_is_named_and_its_spinning_peer_is_not_gpu_saturation() {
-    let rec = two_ranks();
+    let rec = crate::recording::testutil::two_ranks();
     let s = crate::analysis::summary::build(&rec);
     let ranks = s.ranks.as_ref().expect("two ranks");
     assert_eq!(
@@ -792,7 +753,7 @@ fn the_late_rank_is_named_and_its_spinning_peer_is_not_gpu_saturation() {
     );
     // The same two processes without the late one's sleep: nobody is late, and the GPU waits
     // of PID 300 on its busy GPU are GPU saturation again.
-    let mut rec = two_ranks();
+    let mut rec = crate::recording::testutil::two_ranks();
     rec.threads[1].cuda = rec.threads[0].cuda;
     rec.threads[1].totals.time.blocked_ns = 200 * MS;
     let v = verdict(&rec);
