@@ -55,8 +55,11 @@ fn synchronizing_calls_are_timed_and_launches_counted() {
     let measured = |k: &str| field(&done, k).parse::<u64>().unwrap();
     assert_eq!(u(&c["launches"]), measured("launches"), "{c}");
     // Outermost calls only: cuMemcpyDtoH_v2 calls cuStreamSynchronize inside, which must not
-    // count twice.
+    // count twice. The round began with a call left by longjmp: its return was never seen,
+    // and every later call still counts (before the repair, none did).
     assert_eq!(u(&c["sync_calls"]), measured("syncs"), "{c}");
+    assert_eq!(u(&c["lost_returns"]), 1, "{c}");
+    assert_eq!(u(&doc["cuda"]["lost_returns"]), 1);
     // Time inside the calls, against the workload's own clock around them. The probes add a
     // few microseconds per call on each side (uprobe traps), and the workload's clock reads
     // sit just outside the probes: within 5 % plus 20 us per call.

@@ -94,12 +94,12 @@ pub struct CudaThread {
     pub sync_start_ns: u64,
     pub sync_fn: u32,
     pub depth: u32,
-    /// The stack pointer and return address at the outermost call's entry: a later entry
-    /// above that stack pointer, or at it with the same return address (the same call site
-    /// again: a tail call from the outer function would find the return probe's trampoline
-    /// there), means that call has returned without its return probe firing (it was entered
-    /// between the entry probe's attachment and the return probe's), and would otherwise
-    /// keep `depth` above 0 for good, hiding every later call.
+    /// The stack pointer and return address at the outermost call's entry. A later entry
+    /// above that stack pointer, or while that slot still holds the return address (the
+    /// return probe replaces it with its trampoline, so the call was entered before the return
+    /// probe was attached, or this is a new call from the same call site), means that call
+    /// ended without its return probe firing, and would otherwise keep `depth` above 0 for
+    /// good, hiding every later call.
     pub sync_sp: u64,
     pub sync_ret: u64,
     /// Calls whose return went unseen that way, found at the thread's next call.

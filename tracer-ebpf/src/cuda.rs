@@ -85,12 +85,17 @@ fn enter(f: u32, sp: u64) -> u32 {
         });
         return 0;
     }
-    // The stack grows down: a call nested in the one in progress enters below its stack
-    // pointer (or at it, by a tail call, its return address then the return probe's
-    // trampoline). One above it, or at it from the same call site, comes after that call
-    // returned unseen (`CudaThread::sync_sp`), so it starts afresh.
+    // The call in progress ended unseen (`CudaThread::sync_sp`) if this one enters above its
+    // stack pointer (the stack grows down: a nested call enters below it, or at it by a tail
+    // call), or if its return address is still in place: the return probe replaces it with
+    // its trampoline right after this program runs, so a call whose slot still holds it was
+    // entered without one (before the return probe was attached), or the slot is this call's
+    // own, from the same call site. Then this call starts afresh.
     let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-    if c.depth > 0 && (sp > c.sync_sp || (sp == c.sync_sp && ret == c.sync_ret)) {
+    if c.depth > 0
+        && (sp > c.sync_sp
+            || unsafe { bpf_probe_read_user(c.sync_sp as *const u64) }.ok() == Some(c.sync_ret))
+    {
         c.lost_returns += 1;
         c.depth = 0;
     }
