@@ -96,10 +96,13 @@ pub struct CudaThread {
     pub depth: u32,
     /// The stack pointer and return address at the outermost call's entry. A later entry
     /// above that stack pointer, or while that slot still holds the return address (the
-    /// return probe replaces it with its trampoline, so the call was entered before the return
-    /// probe was attached, or this is a new call from the same call site), means that call
-    /// ended without its return probe firing, and would otherwise keep `depth` above 0 for
-    /// good, hiding every later call.
+    /// return probe replaces it with its trampoline, so the call was entered without one, or
+    /// this is a new call from the same call site), means that call ended without its return
+    /// probe firing (longjmp, an exception, a thread cancellation; a call entered between the
+    /// attachment of the two probes, before the return probe came first), and would otherwise
+    /// keep `depth` above 0 for good, hiding every later call. Not caught: a later call from a
+    /// deeper frame of another path, which overwrites the slot (learning the trampoline's
+    /// address would catch it).
     pub sync_sp: u64,
     pub sync_ret: u64,
     /// Calls whose return went unseen that way, found at the thread's next call.

@@ -77,15 +77,27 @@ pub enum LateCause {
     NotMeasured,
 }
 
+/// How the late rank was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FoundBy {
+    /// It waited least: `peers_waited_ns` is how much more its peers waited.
+    Waiting,
+    /// Every rank waited alike, and only its GPU was shared with other processes:
+    /// `peers_waited_ns` is all of its peers' waiting (every step waits for the slowest GPU).
+    SharedGpu,
+}
+
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Straggler {
     pub pid: u32,
     pub gpus: Vec<u32>,
-    /// The peers' median waiting less the late rank's: what they waited for it, in all.
+    pub found_by: FoundBy,
+    /// What the peers waited for it (median over the peers; see `found_by`).
     pub peers_waited_ns: u64,
-    /// The late rank's synchronizing calls, as steps, when every rank made about as many
-    /// (within 10 %): the per-step figure is `peers_waited_ns / steps`.
-    pub steps: Option<u64>,
+    /// The synchronizing calls it made (each rank made about as many, within 10 %):
+    /// `peers_waited_ns / sync_calls` is the wait per call.
+    pub sync_calls: u64,
     pub cause: LateCause,
     /// How much more of that than its peers' median, ns.
     pub cause_ns: u64,
@@ -98,6 +110,8 @@ pub struct Ranks {
     /// By first GPU, then PID.
     pub ranks: Vec<Rank>,
     pub straggler: Option<Straggler>,
+    /// Why there is a late rank or none, in words (which test decided).
+    pub assessment: String,
 }
 
 /// The ranks of the service (two or more members driving GPUs), or none.
@@ -119,16 +133,64 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
         r.waiting_ns = r.sync_ns + r.blocked_by_ranks_ns;
     }
     ranks.sort_by_key(|r| (r.gpus.first().copied().unwrap_or(u32::MAX), r.pid));
-    let mut straggler = late_by_waiting(&ranks, s.duration_ns).or_else(|| late_by_gpu(&ranks));
+    let (mut straggler, assessment) = judge(&ranks, s.duration_ns);
     if let Some(st) = straggler
         .as_mut()
         .filter(|st| st.cause == LateCause::OffCpu)
-        && let Some(b) = off_cpu_in(rec, s, st.pid)
+        && let Some(b) = off_cpu_in(rec, s, st.pid, &pids)
     {
         st.evidence
             .push_str(&format!(" (mostly blocked in {})", b.name()));
     }
-    Some(Ranks { ranks, straggler })
+    Some(Ranks {
+        ranks,
+        straggler,
+        assessment,
+    })
+}
+
+/// The late rank, if the ranks can be compared, and why (or why not) in words.
+fn judge(ranks: &[Rank], window_ns: u64) -> (Option<Straggler>, String) {
+    let calls: Vec<u64> = ranks.iter().map(|r| r.sync_calls).collect();
+    let (lo, hi) = (
+        calls.iter().copied().min().unwrap_or(0),
+        calls.iter().copied().max().unwrap_or(0),
+    );
+    // Ranks that meet in the same collectives synchronize about as often; a rank that does
+    // not (it polls, or waits in a host-side collective) would wait least for no fault of its.
+    if lo == 0 || (hi - lo) * 10 > hi {
+        return (
+            None,
+            format!(
+                "not assessed: the ranks made {lo} to {hi} synchronizing calls, not about as \
+                 many (10 %): they do not all wait for their collectives in synchronize (a \
+                 host-side collective, polling, or ranks of different jobs)"
+            ),
+        );
+    }
+    if let Some(late) = late_by_waiting(ranks, window_ns) {
+        return (
+            Some(late),
+            "the rank that waited least, its peers clearly more".into(),
+        );
+    }
+    if let Some(late) = late_by_gpu(ranks) {
+        return (
+            Some(late),
+            "the ranks waited alike, and only the late one's GPU was shared".into(),
+        );
+    }
+    let w: Vec<u64> = ranks.iter().map(|r| r.waiting_ns).collect();
+    (
+        None,
+        format!(
+            "no late rank: the ranks waited {} to {}, under the {:.0} % of the window (and \
+             10 ms) and {MIN_PEER_RATIO}x apart that name one",
+            ms(w.iter().copied().min().unwrap_or(0)),
+            ms(w.iter().copied().max().unwrap_or(0)),
+            MIN_PEER_EXCESS * 100.0
+        ),
+    )
 }
 
 /// GPU index -> every PID NVML listed with a context on it, at the start or at any poll.
@@ -290,11 +352,10 @@ fn late_by_waiting(ranks: &[Rank], window_ns: u64) -> Option<Straggler> {
         return None;
     }
     let peer = |f: fn(&Rank) -> u64| median(peers.iter().map(|r| f(r)).collect());
-    let off_cpu = |r: &Rank| {
-        r.blocked_ns
-            .saturating_sub(r.blocked_by_ranks_ns)
-            .saturating_sub(r.gc_ns)
-    };
+    // Blocked time a rank did not end: sleeps, I/O, locks, and a synchronize that blocks
+    // rather than spins (which of the two cannot be told here; the late rank waits least in
+    // synchronize, so its excess is not that).
+    let off_cpu = |r: &Rank| r.blocked_ns.saturating_sub(r.blocked_by_ranks_ns);
     // On-CPU time as it is: peers that spin in synchronize are on a CPU meanwhile, so their
     // host work cannot be told from their waiting; compared as it is, host work is only named
     // where the late rank was on a CPU more than spinning peers were.
@@ -318,8 +379,8 @@ fn late_by_waiting(ranks: &[Rank], window_ns: u64) -> Option<Straggler> {
         let what = match cause {
             LateCause::RunQueue => "run-queue waits",
             LateCause::GcPause => "garbage collections",
-            LateCause::OffCpu => "off-CPU waits not for a rank or its GPU",
-            _ => "on-CPU time outside synchronizing calls",
+            LateCause::OffCpu => "off-CPU waits not ended by a rank",
+            _ => "on-CPU time",
         };
         (
             cause,
@@ -335,14 +396,12 @@ fn late_by_waiting(ranks: &[Rank], window_ns: u64) -> Option<Straggler> {
             "no measured part of its time exceeds its peers' by enough to explain it".into(),
         )
     };
-    let calls: Vec<u64> = ranks.iter().map(|r| r.sync_calls).collect();
-    let (lo, hi) = (*calls.iter().min()?, *calls.iter().max()?);
-    let steps = (lo > 0 && (hi - lo) * 10 <= hi).then_some(late.sync_calls);
     Some(Straggler {
         pid: late.pid,
         gpus: late.gpus.clone(),
+        found_by: FoundBy::Waiting,
         peers_waited_ns: excess,
-        steps,
+        sync_calls: late.sync_calls,
         cause,
         cause_ns,
         evidence,
@@ -381,14 +440,14 @@ fn gpu_side(late: &Rank, peers: &[&Rank]) -> Option<(LateCause, u64, String)> {
     })
 }
 
-/// The busy share of a rank's GPU not from its own kernels, where NVML said both; with other
-/// processes on it and no per-process figure, the whole busy share.
+/// The busy share of a rank's GPU not from its own kernels, where other processes hold a
+/// context on it and NVML gave both figures (without the rank's own per-process samples, an
+/// idle process holding a context would look as busy as the GPU).
 fn foreign_pct(r: &Rank) -> Option<f64> {
     if r.others_on_gpu.is_empty() {
         return None;
     }
-    let busy = r.gpu_busy_pct?;
-    Some((busy - r.own_sm_pct.unwrap_or(0.0)).max(0.0))
+    Some((r.gpu_busy_pct? - r.own_sm_pct?).max(0.0))
 }
 
 /// When every rank waits about as long (a slow GPU holds every step up for all of them, its
@@ -406,13 +465,18 @@ fn late_by_gpu(ranks: &[Rank]) -> Option<Straggler> {
         return None;
     }
     let peers: Vec<&Rank> = ranks.iter().filter(|r| r.pid != late.pid).collect();
+    // Every rank waited for that GPU, its own rank too: the peers' waiting is all of it.
+    let waited = median(peers.iter().map(|r| r.waiting_ns).collect());
+    if waited == 0 {
+        return None;
+    }
     let (cause, cause_ns, evidence) = gpu_side(late, &peers)?;
     Some(Straggler {
         pid: late.pid,
         gpus: late.gpus.clone(),
-        // Every rank waited for that GPU, its own rank too: the peers' waiting is all of it.
-        peers_waited_ns: median(peers.iter().map(|r| r.waiting_ns).collect()),
-        steps: None,
+        found_by: FoundBy::SharedGpu,
+        peers_waited_ns: waited,
+        sync_calls: late.sync_calls,
         cause,
         cause_ns,
         evidence,
@@ -428,13 +492,13 @@ fn ms(ns: u64) -> String {
     crate::units::dur_f(ns as f64)
 }
 
-/// The system call most of a rank's step-thread blocked time was in (for the evidence:
-/// "blocked in a sleep"), from the waker records.
-fn off_cpu_in(rec: &Recording, s: &Summary, pid: u32) -> Option<BlockedIn> {
+/// The system call most of a rank's step-thread blocked time not ended by another rank was
+/// in (for the evidence: "blocked in a sleep"), from the waker records.
+fn off_cpu_in(rec: &Recording, s: &Summary, pid: u32, ranks: &BTreeSet<u32>) -> Option<BlockedIn> {
     let mut by: BTreeMap<String, (u64, BlockedIn)> = BTreeMap::new();
     let stepping = steppers(s, pid);
     for w in &rec.wakers {
-        if stepping.contains(&w.tid) {
+        if stepping.contains(&w.tid) && (w.waker_tgid == pid || !ranks.contains(&w.waker_tgid)) {
             let b = w.blocked_in();
             by.entry(format!("{b:?}")).or_insert((0, b)).0 += w.blocked_ns;
         }

@@ -207,8 +207,9 @@ pub struct CudaSummary {
     /// The largest share of a thread's busy time (on a CPU, waiting for one, or in a
     /// synchronizing call) spent waiting for the GPU.
     pub max_thread_sync_busy_share: f64,
-    /// Synchronizing calls whose return the probes missed (entered while they were being
-    /// attached), closed at the thread's next call; their time is not in `sync_ns`.
+    /// Synchronizing calls whose return the probes missed (left by longjmp, an exception or a
+    /// thread cancellation), closed at the thread's next call; their time is not in
+    /// `sync_ns`.
     pub lost_returns: u64,
 }
 

@@ -11,8 +11,9 @@ pub struct CudaTotals {
     /// Time inside synchronizing calls: waiting for the GPU.
     pub sync_ns: u64,
     pub sync_max_ns: u64,
-    /// Synchronizing calls whose return was not seen (entered while the probes were being
-    /// attached), found and closed at the thread's next call: their time is not counted.
+    /// Synchronizing calls whose return was not seen (left by longjmp, an exception or a
+    /// thread cancellation), found and closed at the thread's next call: their time is not
+    /// counted.
     #[serde(default)]
     pub lost_returns: u64,
 }

@@ -97,6 +97,7 @@ fn step_cuda(cur: &mut CudaTotals, s: &mut CudaTotals, own_max: Option<u64>) {
     cur.launches = step(cur.launches, &mut s.launches);
     cur.sync_calls = step(cur.sync_calls, &mut s.sync_calls);
     cur.sync_ns = step(cur.sync_ns, &mut s.sync_ns);
+    cur.lost_returns = step(cur.lost_returns, &mut s.lost_returns);
     cur.sync_max_ns = if cur.sync_calls == 0 {
         // Keep the running maximum up to date without reporting it here.
         s.sync_max_ns = s.sync_max_ns.max(cur.sync_max_ns);
@@ -244,6 +245,7 @@ fn add_thread(t: &mut ThreadRecord, w: &ThreadRecord) {
             a.launches += b.launches;
             a.sync_calls += b.sync_calls;
             a.sync_ns += b.sync_ns;
+            a.lost_returns += b.lost_returns;
             a.sync_max_ns = a.sync_max_ns.max(b.sync_max_ns);
         }
         (None, Some(b)) => t.cuda = Some(*b),

@@ -4,7 +4,11 @@
 use std::fmt::Write as _;
 
 use super::text::table;
-use crate::{analysis::summary::Summary, recording::printable, units::dur};
+use crate::{
+    analysis::{ranks::FoundBy, summary::Summary},
+    recording::printable,
+    units::dur,
+};
 
 pub fn ranks(out: &mut String, s: &Summary) {
     let Some(r) = &s.ranks else {
@@ -46,23 +50,27 @@ pub fn ranks(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "{t}");
     match &r.straggler {
         Some(late) => {
+            let waited = match late.found_by {
+                FoundBy::Waiting => format!(
+                    "the others waited {} more than it did in synchronizing calls",
+                    dur(late.peers_waited_ns)
+                ),
+                FoundBy::SharedGpu => format!(
+                    "the others waited {} in synchronizing calls, every step held to its GPU",
+                    dur(late.peers_waited_ns)
+                ),
+            };
             let _ = writeln!(
                 out,
-                "  late rank: PID {}: the others waited {} more than it did{}; its {}",
+                "  late rank: PID {}: {waited} ({} per call over {}); its {}",
                 s.shown_id(late.pid),
-                dur(late.peers_waited_ns),
-                late.steps.map_or(String::new(), |n| format!(
-                    " ({} a step over {n} steps)",
-                    dur(late.peers_waited_ns / n.max(1))
-                )),
+                dur(late.peers_waited_ns / late.sync_calls.max(1)),
+                late.sync_calls,
                 late.evidence
             );
         }
         None => {
-            let _ = writeln!(
-                out,
-                "  no late rank: the ranks waited about as long as each other"
-            );
+            let _ = writeln!(out, "  {}", r.assessment);
         }
     }
 }
@@ -85,7 +93,7 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("late rank: PID 400: the others waited 450ms more than it did (4.50ms a step over 100 steps); its off-CPU waits"),
+            out.contains("late rank: PID 400: the others waited 450ms more than it did in synchronizing calls (4.50ms per call over 100); its off-CPU waits"),
             "{out}"
         );
         // A service without ranks prints nothing.

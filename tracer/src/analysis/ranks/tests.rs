@@ -47,7 +47,7 @@ fn a_rank_kept_off_its_cpu_is_late_by_run_queue() {
     let late = late_by_waiting(&ranks, WINDOW).expect("a late rank");
     assert_eq!((late.pid, late.cause), (11, LateCause::RunQueue));
     assert_eq!(late.peers_waited_ns, (1_504 - 432) * MS);
-    assert_eq!(late.steps, Some(1_760));
+    assert_eq!((late.sync_calls, late.found_by), (1_760, FoundBy::Waiting));
     assert_eq!(late.cause_ns, (1_358 - 5) * MS);
 }
 
@@ -106,4 +106,44 @@ fn a_late_rank_with_nothing_measured_says_so() {
     let r1 = rank(11, 1, 900, 5, 5_000, 300);
     let late = late_by_waiting(&[r0, r1], WINDOW).expect("a late rank");
     assert_eq!(late.cause, LateCause::NotMeasured);
+}
+
+#[test]
+fn ranks_that_synchronize_unlike_each_other_are_not_compared() {
+    // Rank 1 polls (or waits in a host-side collective): few synchronizing calls, so little
+    // time in them, for no fault of its own.
+    let r0 = rank(10, 0, 900, 5, 5_000, 2_000);
+    let mut r1 = rank(11, 1, 900, 5, 5_000, 300);
+    r1.sync_calls = 40;
+    let (late, why) = judge(&[r0, r1], WINDOW);
+    assert!(late.is_none());
+    assert!(
+        why.starts_with("not assessed: the ranks made 40 to 1760"),
+        "{why}"
+    );
+    // Alike, and apart by little: none, with the figures.
+    let (late, why) = judge(
+        &[
+            rank(10, 0, 852, 5, 6_900, 280),
+            rank(11, 1, 848, 5, 6_900, 260),
+        ],
+        WINDOW,
+    );
+    assert!(late.is_none());
+    assert!(
+        why.starts_with("no late rank: the ranks waited 260ms to 280ms"),
+        "{why}"
+    );
+}
+
+#[test]
+fn an_idle_process_on_a_rank_gpu_does_not_make_it_late() {
+    // Another process holds a context on GPU 1 (a notebook), and NVML gave no per-process
+    // sample of the rank's own: the GPU's busy share cannot be put to the other process.
+    let r0 = rank(10, 0, 900, 5, 5_000, 2_000);
+    let mut r1 = rank(11, 1, 900, 5, 5_000, 2_100);
+    r1.others_on_gpu = vec![99];
+    r1.gpu_busy_pct = Some(98.0);
+    r1.own_sm_pct = None;
+    assert!(late_by_gpu(&[r0, r1]).is_none());
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::queue::BlockingRequest;
 use crate::analysis::neighbours::NeighbourKind;
-use crate::analysis::ranks::LateCause;
+use crate::analysis::ranks::{FoundBy, LateCause};
 
 /// The cause the verdict names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -117,13 +117,16 @@ pub enum Mechanism {
     /// Time the timeline does not cover (lost events, untraced thread).
     Uncovered,
     /// A tensor-parallel rank the others waited for in their collectives (analysis/ranks.rs):
-    /// `own_cause` is what made it late, `peers_waited_ns` what they waited for it in all.
+    /// `own_cause` is what made it late, `peers_waited_ns` what they waited for it in all
+    /// (`found_by` says which waiting), over `sync_calls` synchronizing calls. GPU numbers are
+    /// NVML's indices.
     LateRank {
         pid: u32,
         gpus: Vec<u32>,
         own_cause: LateCause,
+        found_by: FoundBy,
         peers_waited_ns: u64,
-        steps: Option<u64>,
+        sync_calls: u64,
     },
 }
 
@@ -500,8 +503,9 @@ impl fmt::Display for Mechanism {
             Self::LateRank {
                 gpus,
                 own_cause,
+                found_by,
                 peers_waited_ns,
-                steps,
+                sync_calls,
                 ..
             } => {
                 let what = match own_cause {
@@ -524,13 +528,25 @@ impl fmt::Display for Mechanism {
                             .join(", ")
                     ),
                 };
-                write!(
-                    f,
-                    "{gpu} late, by {what}: the other ranks waited {} for it in collectives",
-                    crate::units::dur(*peers_waited_ns)
-                )?;
-                if let Some(n) = steps.filter(|n| *n > 0) {
-                    write!(f, " ({} a step)", crate::units::dur(peers_waited_ns / n))?;
+                let waited = crate::units::dur(*peers_waited_ns);
+                match found_by {
+                    FoundBy::Waiting => write!(
+                        f,
+                        "{gpu} late, by {what}: the other ranks waited {waited} more than it did \
+                         in synchronizing calls"
+                    )?,
+                    FoundBy::SharedGpu => write!(
+                        f,
+                        "{gpu} late, by {what}: the other ranks waited {waited} in \
+                         synchronizing calls, every step held to the slowest GPU"
+                    )?,
+                }
+                if *sync_calls > 0 {
+                    write!(
+                        f,
+                        " ({} per call over {sync_calls})",
+                        crate::units::dur(peers_waited_ns / sync_calls)
+                    )?;
                 }
                 Ok(())
             }

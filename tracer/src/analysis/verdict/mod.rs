@@ -58,7 +58,7 @@ pub fn judge(s: &Summary) -> Verdict {
             ..c
         })
         .collect();
-    let causes = ranks::apply(s, causes);
+    let causes = ranks::apply(s, basis, causes);
     let primary = match (causes.first(), reqs) {
         (Some(c), _) => c.cause(),
         (None, Some(r)) if r.jitter => Primary::Unexplained,

@@ -1,75 +1,105 @@
 //! The late rank of a tensor-parallel service (analysis/ranks.rs) in the verdict. Its peers'
-//! GPUs spin in the collective while they wait for it and look busy to NVML: GPU causes
-//! placed in a peer are that waiting, not saturation, and go. The late rank's own cause leads:
-//! a cause the other rules found in it, of the same category, with the peers' waiting added to
-//! its evidence; else a `late_rank` cause of its own.
+//! GPUs spin in the collective while they wait for it and look busy to NVML: the GPU causes
+//! the service's own work explains (saturation, synchronize stalls, longer GPU work) placed in
+//! a peer are that waiting, and their share goes to the late rank; GPU causes that name other
+//! processes or clock policies stay. The late rank's cause: one the other rules found in it,
+//! of the same category, with the peers' waiting added to its evidence; else a `late_rank`
+//! cause of its own.
 
 use super::{
     mechanism::{Mechanism, Primary},
-    model::Cause,
+    model::{Basis, Cause},
     placement::ActsIn,
 };
 use crate::analysis::{ranks::LateCause, summary::Summary};
 
-pub fn apply(s: &Summary, mut causes: Vec<Cause>) -> Vec<Cause> {
+/// A GPU cause that waiting in a collective looks like, in a rank that waited.
+fn spinning(m: &Mechanism) -> bool {
+    matches!(
+        m,
+        Mechanism::SmSaturation { .. }
+            | Mechanism::SyncStalls { .. }
+            | Mechanism::LongerGpuWork { .. }
+    )
+}
+
+pub fn apply(s: &Summary, basis: Basis, mut causes: Vec<Cause>) -> Vec<Cause> {
     let Some(r) = s.ranks.as_ref() else {
         return causes;
     };
     let Some(late) = r.straggler.as_ref() else {
         return causes;
     };
+    // Requests without jitter: nothing to explain, whatever the ranks did.
+    if s.requests.as_ref().is_some_and(|q| !q.jitter) {
+        return causes;
+    }
     let peers: Vec<u32> = r
         .ranks
         .iter()
         .map(|r| r.pid)
         .filter(|p| *p != late.pid)
         .collect();
+    let (mut moved_share, mut moved_ns) = (0.0, 0.0);
     causes.retain(|c| {
-        let spinning = c.cause() == Primary::GpuSaturation
-            && c.acts_in.as_ref().is_some_and(|a| peers.contains(&a.pid));
-        !spinning
+        let keep =
+            !(spinning(&c.mechanism) && c.acts_in.as_ref().is_some_and(|a| peers.contains(&a.pid)));
+        if !keep {
+            moved_share += c.share;
+            moved_ns += c.attributed_ns;
+        }
+        keep
     });
     let mechanism = Mechanism::LateRank {
         pid: late.pid,
         gpus: late.gpus.clone(),
         own_cause: late.cause,
+        found_by: late.found_by,
         peers_waited_ns: late.peers_waited_ns,
-        steps: late.steps,
+        sync_calls: late.sync_calls,
     };
     let family = mechanism.cause();
-    let text = format!("{mechanism}; {}", late.evidence);
     let found = causes.iter().position(|c| {
         family != Primary::LateRank
             && late.cause != LateCause::NotMeasured
             && c.cause() == family
             && c.acts_in.as_ref().is_some_and(|a| a.pid == late.pid)
     });
-    let lead = match found {
-        Some(i) => {
-            let mut c = causes.remove(i);
-            c.evidence = format!("{}; {text}", c.evidence);
-            c
-        }
-        None => {
-            // A share of the time lost: the peers' waiting beside what the other causes took.
-            let others: f64 = causes.iter().map(|c| c.attributed_ns).sum();
-            let waited = late.peers_waited_ns as f64;
-            let share = waited / (waited + others).max(1.0);
-            for c in &mut causes {
-                c.share *= 1.0 - share;
+    if let Some(i) = found {
+        let c = &mut causes[i];
+        c.evidence = format!("{}; {mechanism}; {}", c.evidence, late.evidence);
+        c.share += moved_share;
+        c.attributed_ns += moved_ns;
+    } else {
+        let (share, attributed) = match basis {
+            // Over the window the peers' waiting is time lost beside the other causes' own:
+            // the shares are recomputed over both (each cause's time stays what it was).
+            Basis::LostTime => {
+                let others: f64 = causes.iter().map(|c| c.attributed_ns).sum();
+                let waited = late.peers_waited_ns as f64;
+                let share = waited / (waited + others).max(1.0);
+                for c in &mut causes {
+                    c.share *= 1.0 - share;
+                }
+                (share, waited)
             }
-            let mut c = Cause::new(mechanism, share, late.evidence.clone());
-            c.attributed_ns = waited;
-            c.acts_in = s.process(late.pid).map(|p| ActsIn {
-                pid: p.pid,
-                role: p.role.clone(),
-                comm: p.comm.clone(),
-                share: 1.0,
-                shown_pid: s.shown_id(p.pid),
-            });
-            c
+            // Of the tail's excess, what the peers' GPU causes had taken: the waiting in the
+            // collective they stood for. Nothing moved, no share of the tail is claimed.
+            Basis::TailExcess => (moved_share, moved_ns),
+        };
+        let mut c = Cause::new(mechanism, share, late.evidence.clone());
+        c.attributed_ns = attributed;
+        c.acts_in = s.process(late.pid).map(|p| ActsIn {
+            pid: p.pid,
+            role: p.role.clone(),
+            comm: p.comm.clone(),
+            share: 1.0,
+            shown_pid: s.shown_id(p.pid),
+        });
+        if share > 0.0 {
+            causes.push(c);
         }
-    };
-    causes.insert(0, lead);
+    }
+    causes.sort_by(|a, b| b.share.total_cmp(&a.share));
     causes
 }
