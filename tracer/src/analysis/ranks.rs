@@ -65,7 +65,8 @@ pub enum LateCause {
     RunQueue,
     /// Its runtime's garbage collections.
     GcPause,
-    /// Off a CPU, not for a rank nor for its GPU: sleeps, I/O, locks.
+    /// Off a CPU, not woken by another rank: sleeps, I/O, locks (a blocking synchronize
+    /// cannot be told apart; the late rank is the one that waits least there).
     OffCpu,
     /// On a CPU outside synchronizing calls: host work (Python, launches).
     HostWork,
