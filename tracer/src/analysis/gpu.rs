@@ -156,7 +156,7 @@ pub fn weighted_mean(samples: &[&UtilSample], from: u64, to: u64) -> Option<(f64
     (weight > 0.0).then(|| (sum / weight, max.unwrap_or(0.0)))
 }
 
-fn mean<T: Into<f64> + Copy>(values: impl Iterator<Item = Option<T>>) -> Option<f64> {
+pub(crate) fn mean<T: Into<f64> + Copy>(values: impl Iterator<Item = Option<T>>) -> Option<f64> {
     let v: Vec<f64> = values.flatten().map(Into::into).collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }

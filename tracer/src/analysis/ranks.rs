@@ -10,8 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::summary::Summary;
-use crate::recording::{Recording, wakers::BlockedIn};
+use super::{gpu::mean, summary::Summary};
+use crate::{
+    recording::{Recording, wakers::BlockedIn},
+    units::dur,
+};
 
 /// The late rank's peers must wait this share of the window more than it does (and 10 ms)...
 pub const MIN_PEER_EXCESS: f64 = 0.05;
@@ -119,10 +122,13 @@ pub struct Ranks {
 pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     let members: BTreeSet<u32> = s.processes.iter().map(|p| p.pid).collect();
     let contexts = gpu_contexts(rec);
+    let steppers = steppers(s);
+    let none = BTreeSet::new();
+    let stepping = |pid: u32| steppers.get(&pid).unwrap_or(&none);
     let mut ranks: Vec<Rank> = s
         .processes
         .iter()
-        .map(|p| rank(s, p, &contexts, &members))
+        .map(|p| rank(s, p, stepping(p.pid), &contexts, &members))
         .filter(|r| r.launches + r.sync_calls > 0 || (!s.cuda.measured && !r.gpus.is_empty()))
         .collect();
     if ranks.len() < 2 {
@@ -130,7 +136,7 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     }
     let pids: BTreeSet<u32> = ranks.iter().map(|r| r.pid).collect();
     for r in &mut ranks {
-        r.blocked_by_ranks_ns = blocked_by_ranks(rec, s, r.pid, &pids);
+        r.blocked_by_ranks_ns = blocked_by_ranks(rec, r.pid, stepping(r.pid), &pids);
         r.waiting_ns = r.sync_ns + r.blocked_by_ranks_ns;
     }
     ranks.sort_by_key(|r| (r.gpus.first().copied().unwrap_or(u32::MAX), r.pid));
@@ -138,7 +144,7 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     if let Some(st) = straggler
         .as_mut()
         .filter(|st| st.cause == LateCause::OffCpu)
-        && let Some(b) = off_cpu_in(rec, s, st.pid, &pids)
+        && let Some(b) = off_cpu_in(rec, st.pid, stepping(st.pid), &pids)
     {
         st.evidence
             .push_str(&format!(" (mostly blocked in {})", b.name()));
@@ -187,8 +193,8 @@ fn judge(ranks: &[Rank], window_ns: u64) -> (Option<Straggler>, String) {
         format!(
             "no late rank: the ranks waited {} to {}, under the {:.0} % of the window (and \
              10 ms) and {MIN_PEER_RATIO}x apart that name one",
-            ms(w.iter().copied().min().unwrap_or(0)),
-            ms(w.iter().copied().max().unwrap_or(0)),
+            dur(w.iter().copied().min().unwrap_or(0)),
+            dur(w.iter().copied().max().unwrap_or(0)),
             MIN_PEER_EXCESS * 100.0
         ),
     )
@@ -212,6 +218,7 @@ fn gpu_contexts(rec: &Recording) -> BTreeMap<u32, BTreeSet<u32>> {
 fn rank(
     s: &Summary,
     p: &super::processes::ProcessSummary,
+    stepping: &BTreeSet<u32>,
     contexts: &BTreeMap<u32, BTreeSet<u32>>,
     members: &BTreeSet<u32>,
 ) -> Rank {
@@ -252,20 +259,18 @@ fn rank(
     // The times are its GPU-driving threads' (launches or synchronizing calls), where the
     // probes saw any: a rank has tens of threads idle in poll or a condition variable all the
     // window (measured: 140 s blocked in 8 s), whose time would drown the step thread's.
-    let mut stepping = crate::recording::threads::StateTimes::default();
-    for t in s.threads.iter().filter(|t| t.pid == p.pid) {
-        let Some(c) = t.cuda.as_ref().filter(|c| c.launches + c.sync_calls > 0) else {
-            continue;
-        };
+    let mut times = crate::recording::threads::StateTimes::default();
+    let driving = s.threads.iter().filter(|t| stepping.contains(&t.tid));
+    for (t, c) in driving.filter_map(|t| Some((t, t.cuda.as_ref()?))) {
         r.launches += c.launches;
         r.sync_calls += c.sync_calls;
         r.sync_ns += c.sync_ns;
-        stepping += t.totals.time;
+        times += t.totals.time;
     }
-    if r.launches + r.sync_calls > 0 {
-        r.oncpu_ns = stepping.oncpu_ns;
-        r.runq_wait_ns = stepping.runq_wait_ns;
-        r.blocked_ns = stepping.blocked_ns;
+    if !stepping.is_empty() {
+        r.oncpu_ns = times.oncpu_ns;
+        r.runq_wait_ns = times.runq_wait_ns;
+        r.blocked_ns = times.blocked_ns;
     }
 
     if let Some(g) = &s.gpu {
@@ -274,8 +279,8 @@ fn rank(
             .iter()
             .filter(|d| r.gpus.contains(&d.index))
             .collect();
-        r.gpu_busy_pct = mean(mine.iter().filter_map(|d| d.util_gpu_pct));
-        r.own_sm_pct = mean(mine.iter().filter_map(|d| {
+        r.gpu_busy_pct = mean(mine.iter().map(|d| d.util_gpu_pct));
+        r.own_sm_pct = mean(mine.iter().map(|d| {
             d.member_sm
                 .iter()
                 .find(|m| m.pid == p.pid)
@@ -303,33 +308,32 @@ fn rank(
 /// next message all the time between collectives, on time or late, and which rank it waits for
 /// more says nothing about which one is late (single-GPU runs, docs/GPU.md); the step thread
 /// waits for that I/O thread, one hop on, which is not followed here.
-fn blocked_by_ranks(rec: &Recording, s: &Summary, pid: u32, ranks: &BTreeSet<u32>) -> u64 {
-    let steppers = steppers(s, pid);
+fn blocked_by_ranks(
+    rec: &Recording,
+    pid: u32,
+    stepping: &BTreeSet<u32>,
+    ranks: &BTreeSet<u32>,
+) -> u64 {
     rec.wakers
         .iter()
-        .filter(|w| steppers.contains(&w.tid))
+        .filter(|w| stepping.contains(&w.tid))
         .filter(|w| w.waker_tgid != pid && ranks.contains(&w.waker_tgid))
         .map(|w| w.blocked_ns)
         .sum()
 }
 
-/// The GPU-driving threads of process `pid`: launches or synchronizing calls seen.
-fn steppers(s: &Summary, pid: u32) -> BTreeSet<u32> {
-    s.threads
-        .iter()
-        .filter(|t| t.pid == pid)
-        .filter(|t| {
-            t.cuda
-                .as_ref()
-                .is_some_and(|c| c.launches + c.sync_calls > 0)
-        })
-        .map(|t| t.tid)
-        .collect()
-}
-
-fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
-    let v: Vec<f64> = v.collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+/// Each process's GPU-driving threads: launches or synchronizing calls seen.
+fn steppers(s: &Summary) -> BTreeMap<u32, BTreeSet<u32>> {
+    let mut out: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for t in &s.threads {
+        if t.cuda
+            .as_ref()
+            .is_some_and(|c| c.launches + c.sync_calls > 0)
+        {
+            out.entry(t.pid).or_default().insert(t.tid);
+        }
+    }
+    out
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -386,7 +390,7 @@ fn late_by_waiting(ranks: &[Rank], window_ns: u64) -> Option<Straggler> {
         (
             cause,
             more,
-            format!("{what} {} against {} for its peers", ms(own), ms(theirs)),
+            format!("{what} {} against {} for its peers", dur(own), dur(theirs)),
         )
     } else if let Some(g) = gpu_side(late, &peers) {
         g
@@ -435,7 +439,7 @@ fn gpu_side(late: &Rank, peers: &[&Rank]) -> Option<(LateCause, u64, String)> {
             held,
             format!(
                 "its GPU's clocks held down for {} (NVML violation counters)",
-                ms(held)
+                dur(held)
             ),
         )
     })
@@ -489,15 +493,15 @@ fn pids(p: &[u32]) -> String {
     named.join(", ") + if p.len() > 4 { ", ..." } else { "" }
 }
 
-fn ms(ns: u64) -> String {
-    crate::units::dur_f(ns as f64)
-}
-
 /// The system call most of a rank's step-thread blocked time not ended by another rank was
 /// in (for the evidence: "blocked in a sleep"), from the waker records.
-fn off_cpu_in(rec: &Recording, s: &Summary, pid: u32, ranks: &BTreeSet<u32>) -> Option<BlockedIn> {
+fn off_cpu_in(
+    rec: &Recording,
+    pid: u32,
+    stepping: &BTreeSet<u32>,
+    ranks: &BTreeSet<u32>,
+) -> Option<BlockedIn> {
     let mut by: BTreeMap<String, (u64, BlockedIn)> = BTreeMap::new();
-    let stepping = steppers(s, pid);
     for w in &rec.wakers {
         if stepping.contains(&w.tid) && (w.waker_tgid == pid || !ranks.contains(&w.waker_tgid)) {
             let b = w.blocked_in();

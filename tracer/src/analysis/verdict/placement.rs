@@ -29,6 +29,21 @@ pub struct ActsIn {
     pub shown_pid: String,
 }
 
+impl ActsIn {
+    /// Member `pid` (the target's name where the summary lists no such process: a recording
+    /// from before process trees), bearing `share` of the cause.
+    pub fn of(s: &Summary, pid: u32, share: f64) -> Self {
+        let p = s.process(pid);
+        Self {
+            pid,
+            role: p.map_or_else(|| s.comm.clone(), |p| p.role.clone()),
+            comm: p.map_or_else(|| s.comm.clone(), |p| p.comm.clone()),
+            share,
+            shown_pid: s.shown_id(pid),
+        }
+    }
+}
+
 impl std::fmt::Display for ActsIn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (PID {})", self.role, self.shown_pid)
@@ -55,14 +70,7 @@ pub fn place(s: &Summary, m: &Mechanism, from_tail: bool) -> Option<ActsIn> {
         .iter()
         .filter(|(_, v)| **v > 0.0)
         .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))?;
-    let p = s.process(pid);
-    Some(ActsIn {
-        pid,
-        role: p.map_or_else(|| s.comm.clone(), |p| p.role.clone()),
-        comm: p.map_or_else(|| s.comm.clone(), |p| p.comm.clone()),
-        share: most / total,
-        shown_pid: s.shown_id(pid),
-    })
+    Some(ActsIn::of(s, pid, most / total))
 }
 
 /// A thread's process; a recovered file from before process trees says none: the target's.

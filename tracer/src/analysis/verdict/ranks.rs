@@ -89,13 +89,8 @@ pub fn apply(s: &Summary, basis: Basis, mut causes: Vec<Cause>) -> Vec<Cause> {
         };
         let mut c = Cause::new(mechanism, share, late.evidence.clone());
         c.attributed_ns = attributed;
-        c.acts_in = s.process(late.pid).map(|p| ActsIn {
-            pid: p.pid,
-            role: p.role.clone(),
-            comm: p.comm.clone(),
-            share: 1.0,
-            shown_pid: s.shown_id(p.pid),
-        });
+        // Ranks are processes of the summary, so the member is always found.
+        c.acts_in = Some(ActsIn::of(s, late.pid, 1.0));
         if share > 0.0 {
             causes.push(c);
         }
