@@ -91,7 +91,6 @@ fn enter(f: u32, sp: u64) -> u32 {
     // its trampoline right after this program runs, so a call whose slot still holds it was
     // entered without one (before the return probe was attached), or the slot is this call's
     // own, from the same call site. Then this call starts afresh.
-    let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
     if c.depth > 0
         && (sp > c.sync_sp
             || unsafe { bpf_probe_read_user(c.sync_sp as *const u64) }.ok() == Some(c.sync_ret))
@@ -103,7 +102,8 @@ fn enter(f: u32, sp: u64) -> u32 {
         c.sync_start_ns = now;
         c.sync_fn = f;
         c.sync_sp = sp;
-        c.sync_ret = ret;
+        // Read only for an outermost call: a nested one's return address is never compared.
+        c.sync_ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
     }
     c.depth += 1;
     0
