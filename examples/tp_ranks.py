@@ -3,7 +3,8 @@
 or SGLang at TP=2: each step a bf16 matmul, an all-reduce and a synchronize, ~200 steps/s.
 Injections act on rank 1 only: `stall` sleeps 30 ms before the all-reduce every 20 steps (a
 GC-like pause), `hog` is for CPU hogs the caller pins to rank 1's CPU (6; rank 0 runs on 2).
-Each rank logs its steps as JSON lines to LOG.RANK. NVLink multicast stays off (docs/GPU.md).
+Each rank logs its steps as JSON lines to LOG.RANK, with the time it spent in
+`torch.cuda.synchronize` (its own measure of waiting). NVLink multicast stays off (docs/GPU.md).
 `--one-gpu`: both ranks on GPU 0, the collective through gloo (NCCL refuses two ranks on one
 GPU): the single-GPU stand-in, whose ranks wait for each other on the host (TCP) instead.
 
@@ -34,8 +35,11 @@ def rank_main(rank, world, inject, seconds, log, cpus, one_gpu):
             time.sleep(0.03)
         # Through gloo (TCP) a slice: the whole 32 MB would make each step ~40 ms.
         dist.all_reduce(y[:128] if one_gpu else y)
+        t1 = time.monotonic_ns()
         torch.cuda.synchronize()
-        out.write(json.dumps({"start_ns": t0, "end_ns": time.monotonic_ns(), "tid": tid, "id": step}) + "\n")
+        t2 = time.monotonic_ns()
+        # sync_ns: the rank's own measure of its wait, against the tracer's (docs/GPU.md).
+        out.write(json.dumps({"start_ns": t0, "end_ns": t2, "sync_ns": t2 - t1, "pid": os.getpid(), "tid": tid, "id": step}) + "\n")
         step += 1
         time.sleep(0.004)
     out.close()

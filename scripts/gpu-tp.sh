@@ -45,6 +45,11 @@ r=d.get('ranks') or {}
 for k in r.get('ranks',[]): print('  rank', {x: (round(y/1e6) if isinstance(y,int) and x.endswith('_ns') else y) for x,y in k.items()})
 print('  straggler', r.get('straggler'))
 print('  cuda lost_returns', d['cuda'].get('lost_returns'), 'sync_calls', d['cuda'].get('sync_calls'))
+# The ranks' own measure: steps wholly inside the window, time in torch.cuda.synchronize.
+steps = [json.loads(l) for k in (0, 1) for l in open(f'/tmp/tp.log.{k}')]
+for k in r.get('ranks', []):
+    own = [s for s in steps if s.get('pid') == k['pid'] and d['start_ns'] <= s['start_ns'] and s['end_ns'] <= d['end_ns']]
+    print('  rank pid', k['pid'], 'tracer sync %.1f ms / %d calls; own %.1f ms / %d steps' % (k['sync_ns'] / 1e6, k['sync_calls'], sum(s['sync_ns'] for s in own) / 1e6, len(own)))
 g=d.get('gpu') or {}
 for dev in g.get('devices',[]): print('  gpu', dev.get('index'), 'util', dev.get('util_gpu_pct'), 'member_sm', dev.get('member_sm'))
 PY
