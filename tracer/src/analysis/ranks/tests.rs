@@ -1,7 +1,10 @@
 //! The late-rank rules on the per-rank figures of the two-H200 baseline (docs/GPU.md): an 8-s
 //! window, two ranks, one process a GPU.
 
-use super::*;
+use super::{
+    late::{late_by_gpu, late_by_waiting},
+    *,
+};
 
 const MS: u64 = 1_000_000;
 const WINDOW: u64 = 8_000 * MS;
