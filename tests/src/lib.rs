@@ -531,3 +531,20 @@ pub fn tracer_programs() -> Vec<String> {
     names.sort();
     names
 }
+
+/// A Python loop busy 2 ms, asleep 1 ms, on one thread: it wants its CPU two thirds of the
+/// time, so a hog on the same CPU makes it wait (the export tests).
+pub const BUSY_TWO_THIRDS: &str = "import time\n\
+while True:\n\
+\x20   t = time.monotonic()\n\
+\x20   while time.monotonic() - t < 0.002: pass\n\
+\x20   time.sleep(0.001)\n";
+
+/// The run-queue wait /proc has for a process's main thread (schedstat's second field), ns:
+/// the kernel's own account, independent of the tracer's.
+pub fn run_delay(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .expect("schedstat")
+}

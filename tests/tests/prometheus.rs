@@ -14,14 +14,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer_tests::{Kill, Tracer, require_root, serial};
-
-/// Busy 2 ms, asleep 1 ms, on one thread: it wants its CPU two thirds of the time.
-const TARGET: &str = "import time\n\
-while True:\n\
-\x20   t = time.monotonic()\n\
-\x20   while time.monotonic() - t < 0.002: pass\n\
-\x20   time.sleep(0.001)\n";
+use tracer_tests::{BUSY_TWO_THIRDS, Kill, Tracer, require_root, run_delay, serial};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -64,14 +57,6 @@ fn value(sample: &Value) -> f64 {
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("a value")
-}
-
-/// The run-queue wait /proc has for a thread (schedstat's second field), ns.
-fn run_delay(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-        .expect("schedstat")
 }
 
 struct Prometheus {
@@ -129,7 +114,8 @@ fn prometheus_scrapes_the_scheduling_cause_the_hog_injected() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     // The target and a hog on the same CPU.
-    let target = Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", TARGET]));
+    let target =
+        Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", BUSY_TWO_THIRDS]));
     let _hog =
         Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", "while True: pass"]));
     std::thread::sleep(Duration::from_millis(300));

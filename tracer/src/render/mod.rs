@@ -2,6 +2,7 @@
 
 mod held_up;
 pub mod html;
+pub mod otlp;
 pub mod perfetto;
 pub mod prometheus;
 mod ranks;

@@ -4,6 +4,7 @@
 //! moved by (`recording::window`), so they add up to the whole run.
 
 mod flight;
+mod otlp;
 mod out;
 mod serve;
 
@@ -38,6 +39,11 @@ pub struct WatchArgs {
     /// 127.0.0.1:9464; `POST /trigger` there triggers the flight recorder.
     #[arg(long, value_name = "ADDR")]
     pub prometheus: Option<SocketAddr>,
+    /// Send the same series, and a span for each window whose verdict is not `none`, to an
+    /// OpenTelemetry collector as OTLP/HTTP protobuf (ENDPOINT/v1/metrics, /v1/traces), e.g.
+    /// http://127.0.0.1:4318 (docs/METRICS.md).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub otlp: Option<String>,
     /// Append the window lines (or JSON lines) to FILE instead of standard output; SIGHUP
     /// reopens it (log rotation).
     #[arg(long, value_name = "FILE")]
@@ -89,6 +95,9 @@ pub fn run(args: WatchArgs) -> Result<()> {
         );
     }
     args.record.check_inputs_and_outputs(false)?;
+    if let Some(e) = &args.otlp {
+        otlp::check_endpoint(e)?;
+    }
     if let Some(p) = &args.log {
         out::check(p)?;
     }
@@ -114,6 +123,7 @@ struct Sinks {
     json: bool,
     latencies: Option<PathBuf>,
     metrics: Arc<Metrics>,
+    otlp: Option<otlp::Otlp>,
     windows: u64,
     flight: Option<flight::Flight>,
 }
@@ -130,6 +140,9 @@ impl Sinks {
         let report = analyze(&rec);
         self.metrics.set_rss(process::own_rss());
         self.metrics.add(&rec, &report);
+        if let Some(o) = self.otlp.as_mut() {
+            o.window(&self.metrics.encode(), &rec, &report);
+        }
         self.windows += 1;
         if let (Some(f), Some(s)) = (self.flight.as_mut(), session) {
             self.metrics.set_flight_bytes(s.flight_bytes() as u64);
@@ -168,6 +181,10 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         json: args.record.json,
         latencies: args.record.requests.latencies.clone(),
         metrics,
+        otlp: match &args.otlp {
+            Some(e) => Some(otlp::Otlp::start(e, targets)?),
+            None => None,
+        },
         windows: 0,
         flight: args.keep.map(|keep| {
             flight::Flight::new(flight::Settings {
