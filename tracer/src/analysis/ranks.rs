@@ -154,6 +154,22 @@ pub fn summarize(rec: &Recording, s: &Summary) -> Option<Ranks> {
     })
 }
 
+/// Of the GPUs a rank has a context on, those NVML's per-process samples show its kernels
+/// running on, if any: a process often has a stray context on GPU 0 as well (CUDA initialized
+/// before `set_device`), which would add that GPU's load and other processes to the rank's.
+/// Without per-process samples, or with none above 0, every GPU listed.
+fn running_on(listed: Vec<u32>, sm_pct: impl Fn(u32) -> Option<f64>) -> Vec<u32> {
+    if listed.len() < 2 {
+        return listed;
+    }
+    let running: Vec<u32> = listed
+        .iter()
+        .copied()
+        .filter(|&g| sm_pct(g).is_some_and(|p| p > 0.0))
+        .collect();
+    if running.is_empty() { listed } else { running }
+}
+
 /// GPU index -> every PID NVML listed with a context on it, at the start or at any poll.
 fn gpu_contexts(rec: &Recording) -> BTreeMap<u32, BTreeSet<u32>> {
     let mut out: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
@@ -176,11 +192,15 @@ fn rank(
     contexts: &BTreeMap<u32, BTreeSet<u32>>,
     members: &BTreeSet<u32>,
 ) -> Rank {
-    let gpus: Vec<u32> = contexts
+    let listed: Vec<u32> = contexts
         .iter()
         .filter(|(_, pids)| pids.contains(&p.pid))
         .map(|(&g, _)| g)
         .collect();
+    let gpus = running_on(listed, |g| {
+        let d = s.gpu.as_ref()?.devices.iter().find(|d| d.index == g)?;
+        Some(d.member_sm.iter().find(|m| m.pid == p.pid)?.sm_pct)
+    });
     let mut r = Rank {
         pid: p.pid,
         role: p.role.clone(),

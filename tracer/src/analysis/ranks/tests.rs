@@ -150,3 +150,22 @@ fn an_idle_process_on_a_rank_gpu_does_not_make_it_late() {
     r1.own_sm_pct = None;
     assert!(late_by_gpu(&[r0, r1]).is_none());
 }
+
+#[test]
+fn a_stray_context_does_not_add_a_gpu_to_a_rank() {
+    let sm = |on: &'static [(u32, f64)]| move |g: u32| on.iter().find(|x| x.0 == g).map(|x| x.1);
+    // A context on GPU 0 (CUDA initialized before set_device), the kernels on GPU 1.
+    assert_eq!(running_on(vec![0, 1], sm(&[(0, 0.0), (1, 35.0)])), vec![1]);
+    // Nothing running, or no per-process samples: every GPU listed.
+    assert_eq!(
+        running_on(vec![0, 1], sm(&[(0, 0.0), (1, 0.0)])),
+        vec![0, 1]
+    );
+    assert_eq!(running_on(vec![0, 1], sm(&[])), vec![0, 1]);
+    // A rank really spread over two GPUs keeps both.
+    assert_eq!(
+        running_on(vec![0, 1], sm(&[(0, 20.0), (1, 35.0)])),
+        vec![0, 1]
+    );
+    assert_eq!(running_on(vec![3], sm(&[])), vec![3]);
+}
