@@ -51,8 +51,12 @@ pub struct Rank {
     /// samples; null when NVML reported none).
     pub gpu_busy_pct: Option<f64>,
     pub own_sm_pct: Option<f64>,
-    /// Processes outside the service with a context on its GPUs.
+    /// Processes outside the service with a context on its GPUs (kernel PIDs, as every PID
+    /// of the document; `pid_namespace` maps them).
     pub others_on_gpu: Vec<u32>,
+    /// The same as the tool's PID namespace numbers them, for the evidence.
+    #[serde(skip)]
+    pub shown_others: Vec<String>,
     /// Time a power, thermal, board or reliability policy held its GPUs' clocks down.
     pub clocks_held_ns: u64,
 }
@@ -227,9 +231,11 @@ fn rank(
             .collect::<BTreeSet<u32>>()
             .into_iter()
             .collect(),
+        shown_others: Vec::new(),
         clocks_held_ns: 0,
         gpus,
     };
+    r.shown_others = r.others_on_gpu.iter().map(|&p| s.shown_id(p)).collect();
     // The times are its GPU-driving threads' (launches or synchronizing calls), where the
     // probes saw any: a rank has tens of threads idle in poll or a condition variable all the
     // window (measured: 140 s blocked in 8 s), whose time would drown the step thread's.

@@ -164,6 +164,12 @@ fn pid_namespace(rec: &Recording, s: &Summary) -> Option<PidNamespaceSummary> {
     wanted.extend(s.preemptors.iter().flat_map(|p| [p.pid, p.tgid]));
     wanted.extend(s.preemptor_processes.iter().map(|p| p.tgid));
     wanted.extend(s.migration_routes.iter().map(|r| r.route.tid));
+    // The processes NVML listed on the GPUs: the ranks' evidence names those outside the
+    // service.
+    if let Some(g) = &rec.gpu {
+        wanted.extend(g.devices.iter().flat_map(|d| &d.contexts));
+        wanted.extend(g.polls.iter().flat_map(|p| p.contexts.iter().flatten()));
+    }
     Some(PidNamespaceSummary {
         inode: ns.inode,
         pid: ns.ids.get(&s.pid).copied(),

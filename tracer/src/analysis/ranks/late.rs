@@ -144,7 +144,7 @@ fn gpu_side(late: &Rank, peers: &[&Rank]) -> Option<(LateCause, u64, String)> {
                 "its GPU {}% busy, {:.0} points of it other processes' kernels ({})",
                 late.gpu_busy_pct.unwrap_or(0.0).round(),
                 f,
-                pids(&late.others_on_gpu)
+                pids(&late.shown_others)
             ),
         ));
     }
@@ -204,7 +204,7 @@ pub(super) fn late_by_gpu(ranks: &[Rank]) -> Option<Straggler> {
     })
 }
 
-fn pids(p: &[u32]) -> String {
+fn pids(p: &[String]) -> String {
     let named: Vec<String> = p.iter().take(4).map(|p| format!("PID {p}")).collect();
     named.join(", ") + if p.len() > 4 { ", ..." } else { "" }
 }

@@ -26,6 +26,7 @@ fn rank(pid: u32, gpu: u32, oncpu: u64, runq: u64, blocked: u64, sync: u64) -> R
         gpu_busy_pct: Some(7.0),
         own_sm_pct: Some(6.0),
         others_on_gpu: vec![],
+        shown_others: vec![],
         clocks_held_ns: 0,
     }
 }
@@ -90,15 +91,19 @@ fn a_gpu_shared_with_another_process_makes_its_rank_late() {
     let r0 = rank(10, 0, 900, 5, 5_000, 2_000);
     let mut r1 = rank(11, 1, 900, 5, 5_000, 2_100);
     r1.others_on_gpu = vec![99];
+    // The neighbour as the tool's PID namespace numbers it: what the evidence names.
+    r1.shown_others = vec!["7".into()];
     r1.gpu_busy_pct = Some(98.0);
     r1.own_sm_pct = Some(20.0);
     let ranks = [r0.clone(), r1.clone()];
     assert!(late_by_waiting(&ranks, WINDOW).is_none());
     let late = late_by_gpu(&ranks).expect("a late rank");
     assert_eq!((late.pid, late.cause), (11, LateCause::GpuShared));
+    assert!(late.evidence.ends_with("(PID 7)"), "{}", late.evidence);
     // Both GPUs shared: neither is singled out.
     let mut r0 = r0;
     r0.others_on_gpu = vec![98];
+    r0.shown_others = vec!["98".into()];
     r0.gpu_busy_pct = Some(95.0);
     assert!(late_by_gpu(&[r0, r1]).is_none());
 }
@@ -146,6 +151,7 @@ fn an_idle_process_on_a_rank_gpu_does_not_make_it_late() {
     let r0 = rank(10, 0, 900, 5, 5_000, 2_000);
     let mut r1 = rank(11, 1, 900, 5, 5_000, 2_100);
     r1.others_on_gpu = vec![99];
+    r1.shown_others = vec!["99".into()];
     r1.gpu_busy_pct = Some(98.0);
     r1.own_sm_pct = None;
     assert!(late_by_gpu(&[r0, r1]).is_none());
