@@ -81,12 +81,12 @@ fn parse(text: &str) -> BTreeMap<String, Family> {
         let Some((name, labels, value)) = sample(line) else {
             continue;
         };
-        // The family is the longest known name the sample's name starts with.
-        let family = families
-            .keys()
-            .filter(|f| name.starts_with(f.as_str()))
-            .max_by_key(|f| f.len())
-            .cloned();
+        // The family: the sample's name, or it less the suffix its type adds.
+        let family = ["", "_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .filter_map(|sfx| name.strip_suffix(sfx))
+            .find(|f| families.contains_key(*f))
+            .map(str::to_string);
         if let Some(f) = family.and_then(|f| families.get_mut(&f)) {
             f.samples.push((name, labels, value));
         }
@@ -94,7 +94,8 @@ fn parse(text: &str) -> BTreeMap<String, Family> {
     families
 }
 
-/// `name{a="b",c="d"} value`.
+/// `name{a="b",c="d"} value`. Label values come unescaped from prometheus-client, and
+/// `prometheus.rs` keeps quotes, backslashes and line breaks out of them.
 fn sample(line: &str) -> Option<Sample> {
     let (head, value) = line.rsplit_once(' ')?;
     let value: f64 = value.parse().ok()?;
@@ -104,20 +105,9 @@ fn sample(line: &str) -> Option<Sample> {
     let mut out = Vec::new();
     let mut rest = labels.strip_suffix('}')?;
     while let Some((key, after)) = rest.split_once("=\"") {
-        let mut v = String::new();
-        let mut chars = after.char_indices();
-        let end = loop {
-            match chars.next()? {
-                (_, '\\') => match chars.next()?.1 {
-                    'n' => v.push('\n'),
-                    c => v.push(c),
-                },
-                (i, '"') => break i,
-                (_, c) => v.push(c),
-            }
-        };
-        out.push((key.trim_start_matches(',').to_string(), v));
-        rest = &after[end + 1..];
+        let (v, after) = after.split_once('"')?;
+        out.push((key.trim_start_matches(',').to_string(), v.to_string()));
+        rest = after;
     }
     Some((name.to_string(), out, value))
 }
@@ -190,15 +180,18 @@ pub fn metrics_request(
             }),
             _ => continue,
         };
+        // UCUM, as OTLP has units.
+        let unit = match f.unit.as_str() {
+            "seconds" => "s".into(),
+            "bytes" => "By".into(),
+            "" if name.ends_with("_ratio") => "1".into(),
+            "" if name.ends_with("_hertz") => "Hz".into(),
+            u => u.into(),
+        };
         metrics.push(Metric {
             name,
             description: f.help,
-            // UCUM, as OTLP has units.
-            unit: match f.unit.as_str() {
-                "seconds" => "s".into(),
-                "bytes" => "By".into(),
-                u => u.into(),
-            },
+            unit,
             data: Some(data),
             ..Default::default()
         });

@@ -61,6 +61,22 @@ struct PolicyLabels {
     policy: String,
 }
 
+/// A label value from a name a process chose (a role falls back to the command name):
+/// prometheus-client writes values as they are, so a quote or backslash would break the
+/// exposition (and `render::otlp`, which reads it back). Those, and control characters, become
+/// `_`.
+fn label(v: &str) -> String {
+    v.chars()
+        .map(|c| {
+            if c == '"' || c == '\\' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// The first log2 slot exported on its own: below it (1 µs) every wait is one bucket.
 const FIRST_SLOT: usize = 10;
 
@@ -303,10 +319,10 @@ impl Metrics {
             s.processes
                 .iter()
                 .find(|p| p.pid == pid)
-                .map_or_else(|| "unknown".to_string(), |p| p.role.clone())
+                .map_or_else(|| "unknown".to_string(), |p| label(&p.role))
         };
         let service_role = if s.processes.len() == 1 {
-            s.processes[0].role.clone()
+            label(&s.processes[0].role)
         } else {
             "service".to_string()
         };
@@ -317,7 +333,7 @@ impl Metrics {
                 process_role: c
                     .acts_in
                     .as_ref()
-                    .map_or_else(|| service_role.clone(), |a| a.role.clone()),
+                    .map_or_else(|| service_role.clone(), |a| label(&a.role)),
             };
             self.attributed
                 .get_or_create(&labels)
@@ -448,5 +464,11 @@ mod tests {
             "a thread ID is never a label or value:\n{text}"
         );
         assert!(!text.contains("tid="), "{text}");
+    }
+
+    #[test]
+    fn a_process_name_cannot_break_the_exposition() {
+        assert_eq!(label("py\"th\\on\n"), "py_th_on_");
+        assert_eq!(label("engine_core_dp0"), "engine_core_dp0");
     }
 }

@@ -140,9 +140,6 @@ impl Sinks {
         let report = analyze(&rec);
         self.metrics.set_rss(process::own_rss());
         self.metrics.add(&rec, &report);
-        if let Some(o) = self.otlp.as_mut() {
-            o.window(&self.metrics.encode(), &rec, &report);
-        }
         self.windows += 1;
         if let (Some(f), Some(s)) = (self.flight.as_mut(), session) {
             self.metrics.set_flight_bytes(s.flight_bytes() as u64);
@@ -150,6 +147,9 @@ impl Sinks {
                 // The watch goes on: the next trigger may find room.
                 eprintln!("tracer: flight recorder: {e:#}");
             }
+        }
+        if let Some(o) = self.otlp.as_mut() {
+            o.window(&self.metrics.encode(), &rec, &report);
         }
         if self.json {
             self.out.json(&report)

