@@ -275,6 +275,7 @@ mod tests {
             "127.0.0.1:4318",
             "http://",
             "http:///v1",
+            "http://h:4318?x=1",
         ] {
             let e = check_endpoint(bad).expect_err(bad).to_string();
             assert!(
