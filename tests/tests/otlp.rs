@@ -177,6 +177,11 @@ fn otlp_receives_the_windows_metrics_and_a_span_per_cause() {
         Some("node-7")
     );
     assert!(string(&res.attributes, "service.instance.id").is_some_and(|i| i.contains(&pid)));
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(
+        string(&res.attributes, "host.name").as_deref(),
+        Some(host.trim())
+    );
     // Every point from the first window's start to the last one's end.
     let unix = |w: &Value, k: &str| {
         (w[k].as_i64().unwrap() + w["realtime_minus_monotonic_ns"].as_i64().unwrap()) as u64

@@ -323,6 +323,13 @@ pub struct HostMeta {
     pub realtime_minus_monotonic_ns: i64,
 }
 
+impl HostMeta {
+    /// A CLOCK_MONOTONIC time of this recording as Unix time (ns; 0 for one before 1970).
+    pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
+        (monotonic_ns as i128 + self.realtime_minus_monotonic_ns as i128).max(0) as u64
+    }
+}
+
 /// The target cgroup's throttling counters over the window.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CgroupRecording {

@@ -7,7 +7,7 @@
 //! The metrics are read back from the OpenMetrics text the Prometheus registry writes rather
 //! than kept twice: one set of counters, so the two exports cannot disagree. Counters become
 //! cumulative monotonic sums, gauges gauges, histograms explicit-bucket histograms, each data
-//! point from the watch's start to now.
+//! point from the first window's start to the end of the window just closed.
 
 use std::collections::BTreeMap;
 
@@ -130,7 +130,7 @@ fn labels(l: &[(String, String)]) -> Vec<KeyValue> {
 
 fn resource(attributes: &Attributes) -> Resource {
     Resource {
-        attributes: attributes.iter().map(|(k, v)| string(k, v)).collect(),
+        attributes: labels(attributes),
         ..Default::default()
     }
 }
@@ -144,7 +144,7 @@ fn scope() -> InstrumentationScope {
 }
 
 /// The exposition's families as OTLP metrics, each point covering `start_ns`..`now_ns` (Unix
-/// time).
+/// time: the first window's start, the latest one's end).
 pub fn metrics_request(
     exposition: &str,
     attributes: &Attributes,
@@ -280,7 +280,6 @@ pub fn window_span(
     if v.primary == Primary::None {
         return None;
     }
-    let unix = |mono: u64| (mono as i128 + rec.host.realtime_minus_monotonic_ns as i128).max(0);
     let mut attrs = vec![
         string("tracer.verdict.primary", &serde_name(&v.primary)),
         string("tracer.verdict.headline", &v.headline),
@@ -320,8 +319,8 @@ pub fn window_span(
         span_id: ids.1.to_vec(),
         name: format!("tracer window: {}", serde_name(&v.primary)),
         kind: SpanKind::Internal as i32,
-        start_time_unix_nano: unix(rec.start_ns) as u64,
-        end_time_unix_nano: unix(rec.end_ns) as u64,
+        start_time_unix_nano: rec.host.unix_ns(rec.start_ns),
+        end_time_unix_nano: rec.host.unix_ns(rec.end_ns),
         attributes: attrs,
         ..Default::default()
     };

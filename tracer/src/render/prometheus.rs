@@ -385,9 +385,8 @@ impl Metrics {
         if let Some(c) = &s.tracer_cost {
             self.own_cpu.inc_by(c.cpu_ns as f64 / 1e9);
         }
-        let end_s =
-            (rec.end_ns as i128 + rec.host.realtime_minus_monotonic_ns as i128) as f64 / 1e9;
-        self.last_window.set(end_s);
+        self.last_window
+            .set(rec.host.unix_ns(rec.end_ns) as f64 / 1e9);
     }
 
     fn add_gpu(&self, report: &Report) {

@@ -168,8 +168,7 @@ impl Flight {
         }
         let recs: Vec<Recording> = kept.iter().map(|w| w.0.clone()).collect();
         let merged = merge(&recs).expect("the window just closed is kept");
-        let end = last.end_ns as i128 + last.host.realtime_minus_monotonic_ns as i128;
-        let when = std::time::UNIX_EPOCH + Duration::from_nanos(end.max(0) as u64);
+        let when = std::time::UNIX_EPOCH + Duration::from_nanos(last.host.unix_ns(last.end_ns));
         // 2026-12-02T07:12:30Z -> 20261202T071230Z: no colons in a file name.
         let stamp: String = humantime::format_rfc3339_seconds(when)
             .to_string()

@@ -266,8 +266,7 @@ fn trigger(sinks: &mut Sinks) {
 /// the requests' p99 when known, and the top mechanism.
 fn line(rec: &Recording, r: &Report) -> String {
     let (s, v) = (&r.summary, &r.verdict);
-    let end = rec.end_ns as i128 + rec.host.realtime_minus_monotonic_ns as i128;
-    let when = std::time::UNIX_EPOCH + Duration::from_nanos(end.max(0) as u64);
+    let when = std::time::UNIX_EPOCH + Duration::from_nanos(rec.host.unix_ns(rec.end_ns));
     let mut out = format!(
         "{}  {:>6}  ",
         humantime::format_rfc3339_seconds(when),

@@ -39,8 +39,8 @@ struct Pending {
     spans: VecDeque<Vec<u8>>,
     /// The watch ended: send what is here (until `FLUSH`), then stop.
     closing: bool,
-    /// Spans dropped since the queue last emptied (said once).
-    dropped: u64,
+    /// Spans were dropped since the queue last emptied (said once).
+    dropping: bool,
 }
 
 type Shared = Arc<(Mutex<Pending>, Condvar)>;
@@ -48,6 +48,9 @@ type Shared = Arc<(Mutex<Pending>, Condvar)>;
 pub struct Otlp {
     shared: Shared,
     thread: Option<JoinHandle<()>>,
+    /// What it watches, for the resource.
+    target: String,
+    /// The resource, from the first window (its host's name).
     attributes: Attributes,
     /// The first window's start (Unix ns): where every cumulative point starts.
     start_ns: u64,
@@ -91,7 +94,8 @@ impl Otlp {
         Ok(Self {
             shared,
             thread: Some(thread),
-            attributes: attributes(targets),
+            target: target(targets),
+            attributes: Attributes::new(),
             start_ns: 0,
             ids: RandomState::new(),
             windows: 0,
@@ -101,13 +105,12 @@ impl Otlp {
     /// A closed window: the series as they stand (`exposition`, the Prometheus text), and a
     /// span if its verdict is not `none`.
     pub fn window(&mut self, exposition: &str, rec: &Recording, report: &Report) {
-        let unix =
-            |mono: u64| (mono as i128 + rec.host.realtime_minus_monotonic_ns as i128).max(0) as u64;
         if self.windows == 0 {
-            self.start_ns = unix(rec.start_ns);
+            self.start_ns = rec.host.unix_ns(rec.start_ns);
+            self.attributes = attributes(&rec.host.hostname, &self.target);
         }
         self.windows += 1;
-        let end = unix(rec.end_ns);
+        let end = rec.host.unix_ns(rec.end_ns);
         let m = otlp::metrics_request(exposition, &self.attributes, self.start_ns, end);
         let id = |k: u64| self.ids.hash_one((self.windows, k)).to_le_bytes();
         let mut trace = [0u8; 16];
@@ -121,13 +124,13 @@ impl Otlp {
             if p.spans.len() < SPANS {
                 p.spans.push_back(t.encode_to_vec());
             } else {
-                if p.dropped == 0 {
+                if !p.dropping {
                     eprintln!(
                         "tracer: OTLP: {SPANS} window spans wait for the collector; later ones \
                          are dropped until it catches up (the metrics keep their totals)"
                     );
                 }
-                p.dropped += 1;
+                p.dropping = true;
             }
         }
         wake.notify_one();
@@ -184,7 +187,7 @@ fn post_all(base: &str, shared: &Shared) {
             }
             let span = p.spans.pop_front();
             if p.spans.is_empty() {
-                p.dropped = 0;
+                p.dropping = false;
             }
             (p.metrics.take(), span, p.closing, p.spans.len())
         };
@@ -218,10 +221,9 @@ fn post_all(base: &str, shared: &Shared) {
     }
 }
 
-/// The resource: this tracer and what it watches.
-fn attributes(targets: &Targets) -> Attributes {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let target = match &targets.cgroup {
+/// What the watch follows, in words: `cgroup PATH` or `PID N (COMM)`.
+fn target(targets: &Targets) -> String {
+    match &targets.cgroup {
         Some(c) => format!("cgroup {}", c.given),
         None => {
             let t = targets.primary();
@@ -231,8 +233,12 @@ fn attributes(targets: &Targets) -> Attributes {
                 crate::recording::printable(&t.comm)
             )
         }
-    };
-    let host = host.trim().to_string();
+    }
+}
+
+/// The resource: this tracer, its host (as the recording read its name) and what it watches.
+fn attributes(host: &str, target: &str) -> Attributes {
+    let (host, target) = (host.trim().to_string(), target.to_string());
     let mut a: Attributes = vec![
         ("service.name".into(), "tracer".into()),
         ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
