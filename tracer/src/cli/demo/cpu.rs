@@ -218,15 +218,20 @@ fn inject(
             None
         }
         Scenario::CpuContention => {
+            // Bursts of at least the scheduler's slice (EEVDF's: 0.75 ms x (1 + log2 CPUs), at
+            // most 3 ms), so a request that arrives behind a hog waits out a slice. With 1-ms
+            // bursts the tail only about doubled on a 2-CPU host, too close to the baseline's
+            // own noise to tell the cause from it; 3-ms bursts raised it 3.3-4.1x there. Each
+            // hog still takes a third of the CPU, so the server keeps up.
             say(format!(
-                "injected: two CPU hogs on CPU {cpu}, each spinning 1 ms and sleeping 2 ms"
+                "injected: two CPU hogs on CPU {cpu}, each spinning 3 ms and sleeping 6 ms"
             ));
             Some(spawn_self(&[
                 "disturb".into(),
                 "spin".into(),
                 "--threads=2".into(),
-                "--burst=1ms".into(),
-                "--pause=2ms".into(),
+                "--burst=3ms".into(),
+                "--pause=6ms".into(),
                 format!("--cpus={cpu}"),
                 disturb_for,
             ])?)
