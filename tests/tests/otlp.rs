@@ -9,12 +9,20 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
     process::Command,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use opentelemetry_proto::tonic::{
-    collector::{metrics::v1::ExportMetricsServiceRequest, trace::v1::ExportTraceServiceRequest},
+    collector::{
+        metrics::v1::{
+            ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+        },
+        trace::v1::ExportTraceServiceRequest,
+    },
     common::v1::{KeyValue, any_value::Value as Any},
     metrics::v1::{metric::Data, number_data_point::Value as Number},
 };
@@ -22,26 +30,41 @@ use prost::Message;
 use serde_json::Value;
 use tracer_tests::{BUSY_TWO_THIRDS, Kill, Tracer, require_root, run_delay, run_tracer, serial};
 
-type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+type Received = Arc<Mutex<Vec<(String, Vec<u8>, Instant)>>>;
+
+const TAKEN: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
 
 /// An OTLP/HTTP receiver on a free loopback port: every POST's path and body, answered 200
 /// with an empty (valid) response message.
 fn receiver() -> (u16, Received) {
+    receiver_answering(|_, _| TAKEN.to_vec())
+}
+
+/// The same, answering the Nth request (from 0, over all connections) to PATH as `answer` says.
+fn receiver_answering(
+    answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+) -> (u16, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
     let port = listener.local_addr().unwrap().port();
     let got: Received = Arc::default();
     let g = Arc::clone(&got);
+    let answer = Arc::new(answer);
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let g = Arc::clone(&g);
-            std::thread::spawn(move || serve(conn, &g));
+            let (g, a) = (Arc::clone(&g), Arc::clone(&answer));
+            std::thread::spawn(move || serve(conn, &g, &*a));
         }
     });
     (port, got)
 }
 
 /// Requests on one (keep-alive) connection until it closes.
-fn serve(conn: TcpStream, got: &Mutex<Vec<(String, Vec<u8>)>>) {
+fn serve(
+    conn: TcpStream,
+    got: &Mutex<Vec<(String, Vec<u8>, Instant)>>,
+    answer: &dyn Fn(usize, &str) -> Vec<u8>,
+) {
     let mut out = conn.try_clone().expect("a second handle");
     let mut r = BufReader::new(conn);
     loop {
@@ -65,11 +88,44 @@ fn serve(conn: TcpStream, got: &Mutex<Vec<(String, Vec<u8>)>>) {
         }
         let mut body = vec![0; length];
         r.read_exact(&mut body).expect("the body");
-        got.lock().unwrap().push((path, body));
-        let _ = out.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
-        );
+        let n = {
+            let mut g = got.lock().unwrap();
+            g.push((path.clone(), body, Instant::now()));
+            g.len() - 1
+        };
+        let _ = out.write_all(&answer(n, &path));
     }
+}
+
+/// An HTTP response with a protobuf body and extra header lines.
+fn answer(status: &str, headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\n{headers}\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// `google.rpc.Status`, the body of an OTLP/HTTP failure (its code and message).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Status {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// A target sharing CPU 0 with a hog, so that every window has a cause (and a span).
+fn hogged_target() -> (Kill, Kill) {
+    let target =
+        Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", BUSY_TWO_THIRDS]));
+    let hog =
+        Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", "while True: pass"]));
+    std::thread::sleep(Duration::from_millis(300));
+    (target, hog)
 }
 
 fn string(kvs: &[KeyValue], key: &str) -> Option<String> {
@@ -111,11 +167,7 @@ fn f(v: &Value) -> f64 {
 fn otlp_receives_the_windows_metrics_and_a_span_per_cause() {
     let _guard = serial();
     require_root();
-    let target =
-        Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", BUSY_TWO_THIRDS]));
-    let _hog =
-        Kill::group(Command::new("taskset").args(["-c", "0", "python3", "-c", "while True: pass"]));
-    std::thread::sleep(Duration::from_millis(300));
+    let (target, _hog) = hogged_target();
     let (port, got) = receiver();
     let pid = target.id().to_string();
     let url = format!("http://127.0.0.1:{port}");
@@ -146,13 +198,13 @@ fn otlp_receives_the_windows_metrics_and_a_span_per_cause() {
     let got = got.lock().unwrap().clone();
     let metrics: Vec<ExportMetricsServiceRequest> = got
         .iter()
-        .filter(|(p, _)| p == "/v1/metrics")
-        .map(|(_, b)| ExportMetricsServiceRequest::decode(b.as_slice()).expect("decodes"))
+        .filter(|(p, ..)| p == "/v1/metrics")
+        .map(|(_, b, _)| ExportMetricsServiceRequest::decode(b.as_slice()).expect("decodes"))
         .collect();
     let spans: Vec<ExportTraceServiceRequest> = got
         .iter()
-        .filter(|(p, _)| p == "/v1/traces")
-        .map(|(_, b)| ExportTraceServiceRequest::decode(b.as_slice()).expect("decodes"))
+        .filter(|(p, ..)| p == "/v1/traces")
+        .map(|(_, b, _)| ExportTraceServiceRequest::decode(b.as_slice()).expect("decodes"))
         .collect();
     assert_eq!(metrics.len(), 5, "one metrics request a window");
     assert_eq!(
@@ -352,6 +404,198 @@ fn a_collector_that_never_answers_does_not_hold_the_exit() {
     // 4 s of windows, then at most the 5-s flush and one post's 3-s timeout, and a margin.
     assert!(took < Duration::from_secs(15), "{took:?}: {}", done.stderr);
     assert!(!held.lock().unwrap().is_empty(), "the tracer connected");
+}
+
+/// The windows of a `--json` watch, and the Unix start of those with a cause (their spans').
+fn caused_starts(stdout: &str) -> (usize, Vec<u64>) {
+    let windows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let caused = windows
+        .iter()
+        .filter(|w| w["verdict"]["primary"] != "none")
+        .map(|w| {
+            (w["start_ns"].as_i64().unwrap() + w["realtime_minus_monotonic_ns"].as_i64().unwrap())
+                as u64
+        })
+        .collect();
+    (windows.len(), caused)
+}
+
+fn span_start(body: &[u8]) -> u64 {
+    let req = ExportTraceServiceRequest::decode(body).expect("decodes");
+    req.resource_spans[0].scope_spans[0].spans[0].start_time_unix_nano
+}
+
+/// A collector that cannot take a request now (429 with `Retry-After: 2` for the first
+/// metrics, 503 without it for the first span) is waited for as it asks, then for the 1-s
+/// backoff, and nothing is lost: the refused span comes again and every window's span is
+/// taken once.
+#[test]
+fn a_collector_that_says_wait_is_waited_for_and_nothing_is_lost() {
+    let _guard = serial();
+    require_root();
+    let (target, _hog) = hogged_target();
+    let slow = Status {
+        code: 8,
+        message: "slow down".into(),
+    }
+    .encode_to_vec();
+    let (metrics, traces) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (port, got) = receiver_answering(move |_, path| {
+        let first = |n: &AtomicUsize| n.fetch_add(1, Ordering::SeqCst) == 0;
+        match path {
+            "/v1/metrics" if first(&metrics) => {
+                answer("429 Too Many Requests", "Retry-After: 2\r\n", &slow)
+            }
+            "/v1/traces" if first(&traces) => answer("503 Service Unavailable", "", b""),
+            _ => TAKEN.to_vec(),
+        }
+    });
+    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
+    let tracer = Tracer::start(&[
+        "watch", "-p", &pid, "-i", "1s", "--count", "6", "--no-gpu", "--json", "--otlp", &url,
+    ]);
+    let done = tracer.finish(Duration::from_secs(60));
+    assert!(done.status.success(), "{}", done.stderr);
+    let (windows, caused) = caused_starts(&done.stdout);
+    assert_eq!(windows, 6, "{}", done.stderr);
+    assert!(!caused.is_empty(), "the hog gave a cause");
+    let got = got.lock().unwrap().clone();
+    let first_span = got
+        .iter()
+        .position(|(p, ..)| p == "/v1/traces")
+        .expect("a span");
+    assert!(first_span > 0 && first_span + 1 < got.len(), "{got:?}");
+    // Nothing posted in the 2 s asked for, nor in the 1-s backoff after the 503.
+    let gap = |i: usize| got[i + 1].2 - got[i].2;
+    assert!(gap(0) >= Duration::from_millis(1950), "{:?}", gap(0));
+    assert!(
+        gap(first_span) >= Duration::from_millis(950),
+        "{:?}",
+        gap(first_span)
+    );
+    // Every window's span taken once; the refused one was sent again.
+    let mut taken: Vec<u64> = got
+        .iter()
+        .enumerate()
+        .filter(|&(i, (p, ..))| p == "/v1/traces" && i != first_span)
+        .map(|(_, (_, b, _))| span_start(b))
+        .collect();
+    taken.sort_unstable();
+    assert_eq!(taken, caused);
+    assert!(taken.contains(&span_start(&got[first_span].1)));
+    // Each failure streak (the 429, then the 503 after metrics were taken) is said once,
+    // with the collector's reason, and so is its end.
+    let said = |s: &str| done.stderr.matches(s).count();
+    assert_eq!(said("OTLP: posting to"), 2, "{}", done.stderr);
+    assert_eq!(said("takes requests again"), 2, "{}", done.stderr);
+    assert_eq!(
+        said("/v1/metrics failed: HTTP 429: slow down; trying again in 2s, as it asked"),
+        1,
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        said("/v1/traces failed: HTTP 503; trying again in 1s"),
+        1,
+        "{}",
+        done.stderr
+    );
+}
+
+/// A partial success and a final refusal (400) are said once however often they repeat, and
+/// neither request is sent again.
+#[test]
+fn refusals_and_partial_successes_are_said_once_and_not_sent_again() {
+    let _guard = serial();
+    require_root();
+    let (target, _hog) = hogged_target();
+    let partial = ExportMetricsServiceResponse {
+        partial_success: Some(ExportMetricsPartialSuccess {
+            rejected_data_points: 3,
+            error_message: "too many series".into(),
+        }),
+    }
+    .encode_to_vec();
+    let bad = Status {
+        code: 3,
+        message: "span too large".into(),
+    }
+    .encode_to_vec();
+    let (port, got) = receiver_answering(move |_, path| {
+        if path == "/v1/metrics" {
+            answer("200 OK", "", &partial)
+        } else {
+            answer("400 Bad Request", "", &bad)
+        }
+    });
+    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
+    let tracer = Tracer::start(&[
+        "watch", "-p", &pid, "-i", "1s", "--count", "3", "--no-gpu", "--json", "--otlp", &url,
+    ]);
+    let done = tracer.finish(Duration::from_secs(60));
+    assert!(done.status.success(), "{}", done.stderr);
+    let (windows, caused) = caused_starts(&done.stdout);
+    assert_eq!(windows, 3, "{}", done.stderr);
+    assert!(!caused.is_empty(), "the hog gave a cause");
+    let got = got.lock().unwrap().clone();
+    let count = |path: &str| got.iter().filter(|(p, ..)| p == path).count();
+    assert_eq!(count("/v1/metrics"), 3, "one a window, none again");
+    assert_eq!(count("/v1/traces"), caused.len(), "one a span, none again");
+    let said = |s: &str| done.stderr.matches(s).count();
+    assert_eq!(
+        said("rejected 3 data points: too many series"),
+        1,
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        said("refused a request: HTTP 400: span too large; it is not sent again"),
+        1,
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        said("posting to"),
+        0,
+        "not a failure to retry: {}",
+        done.stderr
+    );
+}
+
+/// A wait the collector asks for that ends after the end's bound is not waited for: the watch
+/// ends at once, says what was not sent and why, and posts nothing in the wait.
+#[test]
+fn a_wait_past_the_end_is_not_waited_for() {
+    let _guard = serial();
+    require_root();
+    let target = Kill::group(Command::new("python3").args(["-c", BUSY_TWO_THIRDS]));
+    let (port, got) =
+        receiver_answering(|_, _| answer("503 Service Unavailable", "Retry-After: 60\r\n", b""));
+    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
+    let tracer = Tracer::start(&[
+        "watch", "-p", &pid, "-i", "1s", "--count", "2", "--no-gpu", "--json", "--otlp", &url,
+    ]);
+    let t0 = Instant::now();
+    let done = tracer.finish(Duration::from_secs(60));
+    let took = t0.elapsed();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(
+        done.stdout.lines().count(),
+        2,
+        "every window still reported"
+    );
+    assert_eq!(got.lock().unwrap().len(), 1, "nothing posted in the wait");
+    assert!(
+        done.stderr.contains("the last metrics and")
+            && done.stderr.contains("the collector asked to wait"),
+        "{}",
+        done.stderr
+    );
+    // Two 1-s windows and attaching; not the minute asked for.
+    assert!(took < Duration::from_secs(12), "{took:?}");
 }
 
 #[test]

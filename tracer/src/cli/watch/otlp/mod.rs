@@ -3,8 +3,10 @@
 //! (ureq, blocking) so that a slow or absent collector never holds up the recording loop.
 //! The metrics are cumulative, so only the latest request matters: it replaces one not yet
 //! sent (a collector outage costs resolution, never counts), and at the end it is the one
-//! request always tried. Spans wait in a bounded queue. The end is bounded too: what is not
-//! sent within `FLUSH` is given up, and said.
+//! request always tried. Spans wait in a bounded queue. What the collector answers is obeyed
+//! as the protocol says (`post`): a request it could not take now is sent again after the
+//! wait it asked for, or after a backoff; one it refused is not. The end is bounded too: what
+//! is not sent within `FLUSH` is given up, and said.
 
 use std::{
     collections::VecDeque,
@@ -17,6 +19,8 @@ use std::{
 use anyhow::Result;
 use prost::Message;
 
+use post::{Answer, Path};
+
 use crate::{
     analysis::Report,
     error::TracerError,
@@ -25,10 +29,10 @@ use crate::{
     sources::targets::Targets,
 };
 
+mod post;
+
 /// Spans waiting for the collector; past this a window's span is dropped (said once a streak).
 const SPANS: usize = 8;
-/// A post that takes longer has failed.
-const TIMEOUT: Duration = Duration::from_secs(3);
 /// At the end, how long what is left may take to send.
 const FLUSH: Duration = Duration::from_secs(5);
 
@@ -149,74 +153,186 @@ impl Drop for Otlp {
     }
 }
 
-fn post_all(base: &str, shared: &Shared) {
-    // No proxy from the environment: the collector is meant to be on the node, and
-    // HTTPS_PROXY would otherwise take plain-http posts off it.
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
-        .proxy(None)
-        .build()
-        .into();
-    let mut failing = false;
-    let mut post = |path: &str, body: &[u8]| {
-        let url = format!("{base}{path}");
-        let r = agent
-            .post(&url)
-            .header("Content-Type", "application/x-protobuf")
-            .send(body);
-        match r {
-            Ok(_) if failing => {
-                failing = false;
-                eprintln!("tracer: OTLP: {url} takes requests again");
+/// After a failure the collector named no wait for: 1 s, doubling to 32 s.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MOST_BACKOFF: Duration = Duration::from_secs(32);
+
+/// Posts, and what they taught: when the next may go, and what has been said.
+struct Sender {
+    agent: ureq::Agent,
+    base: String,
+    backoff: Duration,
+    /// No post before this; `true` when the collector asked for it (`Retry-After`), which is
+    /// honoured at the end too, where a backoff of our own choosing is not.
+    hold: Option<(Instant, bool)>,
+    /// Failing since the last request taken (said once).
+    failing: bool,
+    /// The last refusal or partial success said, per path: one that repeats every window is
+    /// said once.
+    said: [Option<String>; 2],
+}
+
+impl Sender {
+    /// Posts one request: `true` when it is worth sending again (the hold says when).
+    fn send(&mut self, path: Path, body: &[u8]) -> bool {
+        let url = format!("{}{}", self.base, path.as_str());
+        match post::post(&self.agent, &url, path, body) {
+            Answer::Taken(partial) => {
+                if self.failing {
+                    eprintln!("tracer: OTLP: {url} takes requests again");
+                }
+                (self.failing, self.backoff, self.hold) = (false, FIRST_BACKOFF, None);
+                if let Some(p) = partial {
+                    self.say(path, format!("tracer: OTLP: {url} {p}"));
+                }
+                false
             }
-            Ok(_) => {}
-            Err(e) if !failing => {
-                failing = true;
-                eprintln!("tracer: OTLP: posting to {url} failed: {e} (trying again next window)");
+            Answer::Retry { asked, why } => {
+                let wait = asked.unwrap_or(self.backoff);
+                if asked.is_none() {
+                    self.backoff = (self.backoff * 2).min(MOST_BACKOFF);
+                }
+                self.hold = Some((Instant::now() + wait, asked.is_some()));
+                if !self.failing {
+                    let whose = if asked.is_some() { ", as it asked" } else { "" };
+                    let kept = match path {
+                        Path::Metrics => "the metrics keep their totals",
+                        Path::Traces => "the spans wait in their queue",
+                    };
+                    eprintln!(
+                        "tracer: OTLP: posting to {url} failed: {why}; trying again in \
+                         {wait:?}{whose} ({kept})"
+                    );
+                }
+                self.failing = true;
+                true
             }
-            Err(_) => {}
+            Answer::Refused(why) => {
+                self.say(
+                    path,
+                    format!("tracer: OTLP: {url} refused a request: {why}; it is not sent again"),
+                );
+                false
+            }
         }
+    }
+
+    fn say(&mut self, path: Path, line: String) {
+        let said = &mut self.said[path as usize];
+        if said.as_ref() != Some(&line) {
+            eprintln!("{line}");
+            *said = Some(line);
+        }
+    }
+
+    /// How long to wait before the next post, if at all.
+    fn wait(&self, closing: bool) -> Option<Duration> {
+        let (until, asked) = self.hold?;
+        let left = until.checked_duration_since(Instant::now())?;
+        (asked || !closing).then_some(left)
+    }
+}
+
+/// What was not sent at the end.
+#[derive(Default)]
+struct Unsent {
+    metrics: bool,
+    spans: usize,
+}
+
+impl Unsent {
+    fn add(&mut self, path: Path) {
+        match path {
+            Path::Metrics => self.metrics = true,
+            Path::Traces => self.spans += 1,
+        }
+    }
+
+    fn say(&self, why: &str) {
+        if self.metrics || self.spans > 0 {
+            let what = if self.metrics {
+                "the last metrics and "
+            } else {
+                ""
+            };
+            eprintln!(
+                "tracer: OTLP: at the end {what}{} spans were not sent: {why}",
+                self.spans
+            );
+        }
+    }
+}
+
+fn post_all(base: &str, shared: &Shared) {
+    let mut s = Sender {
+        agent: post::agent(),
+        base: base.to_string(),
+        backoff: FIRST_BACKOFF,
+        hold: None,
+        failing: false,
+        said: [None, None],
     };
     let (lock, wake) = &**shared;
     let mut deadline: Option<Instant> = None;
+    let mut unsent = Unsent::default();
     loop {
-        let (metrics, span, closing, left) = {
+        let ((path, body), closing) = {
             let mut p = lock.lock().expect("not poisoned");
-            while p.metrics.is_none() && p.spans.is_empty() && !p.closing {
-                p = wake.wait(p).expect("not poisoned");
+            loop {
+                if p.closing && deadline.is_none() {
+                    deadline = Some(Instant::now() + FLUSH);
+                }
+                let work = p.metrics.is_some() || !p.spans.is_empty();
+                if p.closing && !work {
+                    return unsent.say("the collector did not take them");
+                }
+                let wait = s.wait(p.closing);
+                if let (Some(w), Some(d)) = (wait, deadline)
+                    && Instant::now() + w > d
+                {
+                    unsent.metrics |= p.metrics.is_some();
+                    unsent.spans += p.spans.len();
+                    return unsent.say(&format!("the collector asked to wait {w:?}"));
+                }
+                match (work, wait) {
+                    (true, None) => break,
+                    (_, Some(w)) => p = wake.wait_timeout(p, w).expect("not poisoned").0,
+                    (false, None) => p = wake.wait(p).expect("not poisoned"),
+                }
             }
-            let span = p.spans.pop_front();
+            // The metrics first: they are the totals, a span is one window.
+            let next = match p.metrics.take() {
+                Some(m) => (Path::Metrics, m),
+                None => (Path::Traces, p.spans.pop_front().expect("work")),
+            };
             if p.spans.is_empty() {
                 p.dropping = false;
             }
-            (p.metrics.take(), span, p.closing, p.spans.len())
+            (next, p.closing)
         };
-        if closing && deadline.is_none() {
-            deadline = Some(Instant::now() + FLUSH);
-        }
         if deadline.is_some_and(|d| Instant::now() > d) {
-            let spans = left + span.is_some() as usize;
-            if metrics.is_some() || spans > 0 {
-                let what = if metrics.is_some() {
-                    "the last metrics and "
-                } else {
-                    ""
-                };
-                eprintln!(
-                    "tracer: OTLP: the collector took over {FLUSH:?} at the end; {what}{spans} \
-                     spans not sent"
-                );
+            let p = lock.lock().expect("not poisoned");
+            unsent.add(path);
+            unsent.metrics |= p.metrics.is_some();
+            unsent.spans += p.spans.len();
+            return unsent.say(&format!("the collector took over {FLUSH:?}"));
+        }
+        if !s.send(path, &body) {
+            continue;
+        }
+        // Worth sending again: at the end only after a wait the collector asked for (the
+        // loop gives up if that passes the end's bound); before it, always.
+        if closing && !s.hold.is_some_and(|(_, asked)| asked) {
+            unsent.add(path);
+            continue;
+        }
+        let mut p = lock.lock().expect("not poisoned");
+        match path {
+            // A newer one, if any, replaces it (cumulative).
+            Path::Metrics => {
+                p.metrics.get_or_insert(body);
             }
-            return;
-        }
-        if closing && metrics.is_none() && span.is_none() {
-            return;
-        }
-        if let Some(m) = metrics {
-            post("/v1/metrics", &m);
-        }
-        if let Some(s) = span {
-            post("/v1/traces", &s);
+            Path::Traces => p.spans.push_front(body),
         }
     }
 }
