@@ -1,6 +1,7 @@
 //! The bench's `tracer watch` case (issue 18): what watching costs once attached, on an idle
-//! target and on one switching 100k times a second (`tracer-testload paced`), and the
-//! tracer's memory over a soak with a flight recorder on a 50-thread target.
+//! target and on one switching 100k times a second (`tracer-testload paced`), each without
+//! and with `--otlp` to a local sink, and the tracer's memory over a soak with a flight
+//! recorder on a 50-thread target.
 //!
 //! The cost is the tracer process's CPU time (user + system, /proc/PID/stat: exited threads
 //! included) plus the run time of its BPF programs (BPF run statistics: charged to whichever
@@ -10,9 +11,13 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpStream,
+    net::{TcpListener, TcpStream},
     process::{Child, Stdio},
-    sync::mpsc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
@@ -111,12 +116,75 @@ fn bpf_ns(before: Option<&std::collections::BTreeSet<u64>>) -> Option<u64> {
     Some(snap.values().map(|(_, ns)| ns).sum())
 }
 
-/// One watch on `target` with windows of `interval`, measured over `windows` of them.
-fn cost_once(ctx: &Ctx, target: u32, interval: Duration, windows: u32) -> Result<Value> {
+/// An OTLP/HTTP collector that takes every request (200, an empty response) and counts them:
+/// what `--otlp` costs the tracer, with a collector as quick as a local one.
+struct Sink {
+    url: String,
+    taken: Arc<AtomicU64>,
+}
+
+impl Sink {
+    fn start() -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let taken = Arc::new(AtomicU64::new(0));
+        let t = Arc::clone(&taken);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || take_all(conn, &t));
+            }
+        });
+        Ok(Self { url, taken })
+    }
+}
+
+/// Requests on one keep-alive connection, each answered 200, until it closes.
+fn take_all(conn: TcpStream, taken: &AtomicU64) -> Option<()> {
+    let mut out = conn.try_clone().ok()?;
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut length = 0;
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        loop {
+            line.clear();
+            r.read_line(&mut line).ok()?;
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().ok()?;
+            }
+        }
+        std::io::copy(&mut (&mut r).take(length), &mut std::io::sink()).ok()?;
+        taken.fetch_add(1, Ordering::Relaxed);
+        out.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            .ok()?;
+    }
+}
+
+/// One watch on `target` with windows of `interval`, measured over `windows` of them; with
+/// `--otlp` to `sink` when there is one.
+fn cost_once(
+    ctx: &Ctx,
+    target: u32,
+    (interval, windows): (Duration, u32),
+    sink: Option<&Sink>,
+) -> Result<Value> {
     let before = stats::loaded().ok();
     let _on = before.as_ref().map(|_| stats::StatsOn::new()).transpose()?;
     let secs = format!("{}ms", interval.as_millis());
-    let mut w = Watch::start(ctx, target, &["-i", &secs])?;
+    let mut options = vec!["-i", &secs];
+    if let Some(s) = sink {
+        options.extend(["--otlp", &s.url]);
+    }
+    let taken0 = sink.map(|s| s.taken.load(Ordering::Relaxed));
+    let mut w = Watch::start(ctx, target, &options)?;
     let pid = w.child.id();
     let t0 = w.next(interval * 3 + Duration::from_secs(20))?;
     let (c0, b0, s0) = (cpu_s(pid)?, bpf_ns(before.as_ref()), switches(target));
@@ -127,6 +195,14 @@ fn cost_once(ctx: &Ctx, target: u32, interval: Duration, windows: u32) -> Result
     let (c1, b1, s1) = (cpu_s(pid)?, bpf_ns(before.as_ref()), switches(target));
     let rss = rss_bytes(pid)?;
     super::stop(&mut w.child);
+    // Every window posted (one metrics request each, and a span for a window with a cause):
+    // an export that failed would cost nothing and prove nothing.
+    let posted = sink
+        .zip(taken0)
+        .map(|(s, t)| s.taken.load(Ordering::Relaxed) - t);
+    if posted.is_some_and(|n| n < u64::from(windows)) {
+        bail!("the OTLP sink took {posted:?} requests over {windows} windows");
+    }
     let wall = (t1 - t0).as_secs_f64();
     let bpf = b0
         .zip(b1)
@@ -139,6 +215,7 @@ fn cost_once(ctx: &Ctx, target: u32, interval: Duration, windows: u32) -> Result
         "total_share": user + bpf.unwrap_or(0.0),
         "target_switches_per_s": (s1 - s0) as f64 / wall,
         "rss_bytes": rss,
+        "otlp_requests": posted,
     }))
 }
 
@@ -150,22 +227,29 @@ fn cost(ctx: &Ctx, rounds: u32, quick: bool) -> Result<Value> {
         (Duration::from_secs(5), 6)
     };
     // Each target runs only for its own runs: the busy one's switches would cost the idle
-    // case's early exits.
-    let targets = ["idle", "100k switches/s"];
+    // case's early exits. The `--otlp` cases post to a sink on this machine.
+    let targets = [
+        "idle",
+        "100k switches/s",
+        "idle, --otlp",
+        "100k switches/s, --otlp",
+    ];
+    let sink = Sink::start()?;
     let mut runs = Vec::new();
     for round in 0..rounds as usize {
         for k in 0..targets.len() {
             let name = targets[(k + round) % targets.len()];
-            let mut r = if name == "idle" {
+            let otlp = name.ends_with("--otlp").then_some(&sink);
+            let mut r = if name.starts_with("idle") {
                 let mut idle = std::process::Command::new("sleep").arg("100000").spawn()?;
-                let r = cost_once(ctx, idle.id(), interval, windows);
+                let r = cost_once(ctx, idle.id(), (interval, windows), otlp);
                 let _ = idle.kill();
                 let _ = idle.wait();
                 r?
             } else {
                 let busy = ["paced".into(), BUSY_ROUND_TRIPS.into(), "2".into()];
                 let busy = Workload::start(ctx, &busy)?;
-                cost_once(ctx, busy.pid, interval, windows)?
+                cost_once(ctx, busy.pid, (interval, windows), otlp)?
             };
             eprintln!(
                 "xtask: round {} watch, {name}: {:.3} % of a CPU",
@@ -311,7 +395,7 @@ pub fn render(m: &Value) -> String {
     let c = &m["cost"];
     let mut s = format!(
         "\ntracer watch -i {}s, {} windows measured, medians of {} rounds (% of one CPU):\n\
-         {:>16} {:>10} {:>8} {:>8} {:>12} {:>8}\n",
+         {:>24} {:>10} {:>8} {:>8} {:>12} {:>8}\n",
         c["interval_s"],
         c["windows"],
         c["rounds"],
@@ -325,7 +409,7 @@ pub fn render(m: &Value) -> String {
     for r in c["medians"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         s += &format!(
-            "{:>16} {:>9.3}% {:>7.3}% {:>7.3}% {:>12.0} {:>8.1}\n",
+            "{:>24} {:>9.3}% {:>7.3}% {:>7.3}% {:>12.0} {:>8.1}\n",
             r["target"].as_str().unwrap_or("?"),
             100.0 * f("process_share"),
             100.0 * f("bpf_share"),
