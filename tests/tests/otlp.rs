@@ -13,7 +13,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use opentelemetry_proto::tonic::{
@@ -391,9 +391,8 @@ fn a_collector_that_never_answers_does_not_hold_the_exit() {
     let tracer = Tracer::start(&[
         "watch", "-p", &pid, "-i", "1s", "--count", "4", "--no-gpu", "--json", "--otlp", &url,
     ]);
-    let t0 = Instant::now();
     let done = tracer.finish(Duration::from_secs(40));
-    let took = t0.elapsed();
+    let after = exited_after_last_window(&done.stdout);
     assert!(done.status.success(), "{}", done.stderr);
     assert_eq!(
         done.stdout.lines().count(),
@@ -401,9 +400,21 @@ fn a_collector_that_never_answers_does_not_hold_the_exit() {
         "every window still reported"
     );
     assert!(done.stderr.contains("OTLP: posting to"), "{}", done.stderr);
-    // 4 s of windows, then at most the 5-s flush and one post's 3-s timeout, and a margin.
-    assert!(took < Duration::from_secs(15), "{took:?}: {}", done.stderr);
+    // The end's 5 s bound posts too (one in flight when the watch ended included), and a
+    // margin for detaching.
+    eprintln!("exited {after:?} after the last window's end");
+    assert!(after < Duration::from_secs(7), "{after:?}: {}", done.stderr);
     assert!(!held.lock().unwrap().is_empty(), "the tracer connected");
+}
+
+/// How long after the last window's end (its JSON line's, in Unix time) the watch exited:
+/// called as soon as `finish` returns.
+fn exited_after_last_window(stdout: &str) -> Duration {
+    let exited = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let last: Value = serde_json::from_str(stdout.lines().last().expect("a window")).unwrap();
+    let end =
+        last["end_ns"].as_i64().unwrap() + last["realtime_minus_monotonic_ns"].as_i64().unwrap();
+    exited.saturating_sub(Duration::from_nanos(end as u64))
 }
 
 /// The windows of a `--json` watch, and the Unix start of those with a cause (their spans').
@@ -485,7 +496,6 @@ fn a_collector_that_says_wait_is_waited_for_and_nothing_is_lost() {
         .collect();
     taken.sort_unstable();
     assert_eq!(taken, caused);
-    assert!(taken.contains(&span_start(&got[first_span].1)));
     // Each failure streak (the 429, then the 503 after metrics were taken) is said once,
     // with the collector's reason, and so is its end.
     let said = |s: &str| done.stderr.matches(s).count();
@@ -542,7 +552,8 @@ fn refusals_and_partial_successes_are_said_once_and_not_sent_again() {
     assert!(!caused.is_empty(), "the hog gave a cause");
     let got = got.lock().unwrap().clone();
     let count = |path: &str| got.iter().filter(|(p, ..)| p == path).count();
-    assert_eq!(count("/v1/metrics"), 3, "one a window, none again");
+    // At most one a window (a newer one replaces one not yet sent), none again.
+    assert!((1..=3).contains(&count("/v1/metrics")), "{got:?}");
     assert_eq!(count("/v1/traces"), caused.len(), "one a span, none again");
     let said = |s: &str| done.stderr.matches(s).count();
     assert_eq!(
@@ -578,9 +589,8 @@ fn a_wait_past_the_end_is_not_waited_for() {
     let tracer = Tracer::start(&[
         "watch", "-p", &pid, "-i", "1s", "--count", "2", "--no-gpu", "--json", "--otlp", &url,
     ]);
-    let t0 = Instant::now();
     let done = tracer.finish(Duration::from_secs(60));
-    let took = t0.elapsed();
+    let after = exited_after_last_window(&done.stdout);
     assert!(done.status.success(), "{}", done.stderr);
     assert_eq!(
         done.stdout.lines().count(),
@@ -589,13 +599,17 @@ fn a_wait_past_the_end_is_not_waited_for() {
     );
     assert_eq!(got.lock().unwrap().len(), 1, "nothing posted in the wait");
     assert!(
-        done.stderr.contains("the last metrics and")
-            && done.stderr.contains("the collector asked to wait"),
+        done.stderr.contains("at the end the last metrics")
+            && done
+                .stderr
+                .contains("were not sent: the collector asked to wait 60s"),
         "{}",
         done.stderr
     );
-    // Two 1-s windows and attaching; not the minute asked for.
-    assert!(took < Duration::from_secs(12), "{took:?}");
+    // Given up at once: not the minute asked for, nor the 5 s the end may take; what is left
+    // is detaching and exiting.
+    eprintln!("exited {after:?} after the last window's end");
+    assert!(after < Duration::from_secs(3), "{after:?}");
 }
 
 #[test]

@@ -41,10 +41,32 @@ const FLUSH: Duration = Duration::from_secs(5);
 struct Pending {
     metrics: Option<Vec<u8>>,
     spans: VecDeque<Vec<u8>>,
-    /// The watch ended: send what is here (until `FLUSH`), then stop.
-    closing: bool,
+    /// The watch ended: send what is here until this instant (`FLUSH` after the end), then stop.
+    closing: Option<Instant>,
     /// Spans were dropped since the queue last emptied (said once).
     dropping: bool,
+}
+
+impl Pending {
+    /// A window's span at the back of the queue, or one the collector could not take yet at
+    /// its front; past `SPANS` the newest is dropped.
+    fn push_span(&mut self, span: Vec<u8>, again: bool) {
+        if again {
+            self.spans.push_front(span);
+        } else {
+            self.spans.push_back(span);
+        }
+        if self.spans.len() > SPANS {
+            self.spans.pop_back();
+            if !self.dropping {
+                eprintln!(
+                    "tracer: OTLP: {SPANS} window spans wait for the collector; later ones are \
+                     dropped until it catches up (the metrics keep their totals)"
+                );
+            }
+            self.dropping = true;
+        }
+    }
 }
 
 type Shared = Arc<(Mutex<Pending>, Condvar)>;
@@ -125,17 +147,7 @@ impl Otlp {
         let mut p = lock.lock().expect("not poisoned");
         p.metrics = Some(m.encode_to_vec());
         if let Some(t) = span {
-            if p.spans.len() < SPANS {
-                p.spans.push_back(t.encode_to_vec());
-            } else {
-                if !p.dropping {
-                    eprintln!(
-                        "tracer: OTLP: {SPANS} window spans wait for the collector; later ones \
-                         are dropped until it catches up (the metrics keep their totals)"
-                    );
-                }
-                p.dropping = true;
-            }
+            p.push_span(t.encode_to_vec(), false);
         }
         wake.notify_one();
     }
@@ -145,7 +157,7 @@ impl Drop for Otlp {
     /// The latest metrics and the spans left are still sent (within `FLUSH`).
     fn drop(&mut self) {
         let (lock, wake) = &*self.shared;
-        lock.lock().expect("not poisoned").closing = true;
+        lock.lock().expect("not poisoned").closing = Some(Instant::now() + FLUSH);
         wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -157,6 +169,11 @@ impl Drop for Otlp {
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MOST_BACKOFF: Duration = Duration::from_secs(32);
 
+/// Whole seconds, rounded up, for a message.
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
 /// Posts, and what they taught: when the next may go, and what has been said.
 struct Sender {
     agent: ureq::Agent,
@@ -165,7 +182,7 @@ struct Sender {
     /// No post before this; `true` when the collector asked for it (`Retry-After`), which is
     /// honoured at the end too, where a backoff of our own choosing is not.
     hold: Option<(Instant, bool)>,
-    /// Failing since the last request taken (said once).
+    /// Failing since the collector last answered (said once).
     failing: bool,
     /// The last refusal or partial success said, per path: one that repeats every window is
     /// said once.
@@ -173,17 +190,23 @@ struct Sender {
 }
 
 impl Sender {
-    /// Posts one request: `true` when it is worth sending again (the hold says when).
-    fn send(&mut self, path: Path, body: &[u8]) -> bool {
+    /// Posts one request within `limit`: `true` when it is worth sending again (the hold says
+    /// when). `closing`: the watch has ended, so our own backoff will not be waited for.
+    fn send(&mut self, path: Path, body: &[u8], limit: Duration, closing: bool) -> bool {
         let url = format!("{}{}", self.base, path.as_str());
-        match post::post(&self.agent, &url, path, body) {
+        let answer = post::post(&self.agent, &url, path, body, limit);
+        if !matches!(answer, Answer::Retry { .. }) {
+            // It answered: a failure streak is over, whatever the answer.
+            if self.failing && matches!(answer, Answer::Taken(_)) {
+                eprintln!("tracer: OTLP: {url} takes requests again");
+            }
+            (self.failing, self.backoff, self.hold) = (false, FIRST_BACKOFF, None);
+        }
+        match answer {
             Answer::Taken(partial) => {
-                if self.failing {
-                    eprintln!("tracer: OTLP: {url} takes requests again");
-                }
-                (self.failing, self.backoff, self.hold) = (false, FIRST_BACKOFF, None);
-                if let Some(p) = partial {
-                    self.say(path, format!("tracer: OTLP: {url} {p}"));
+                match partial {
+                    Some(p) => self.say(path, format!("tracer: OTLP: {url} {p}")),
+                    None => self.said[path as usize] = None,
                 }
                 false
             }
@@ -194,15 +217,16 @@ impl Sender {
                 }
                 self.hold = Some((Instant::now() + wait, asked.is_some()));
                 if !self.failing {
-                    let whose = if asked.is_some() { ", as it asked" } else { "" };
+                    let next = match (closing, asked) {
+                        (true, None) => "not tried again: the watch is ending".to_string(),
+                        (_, Some(_)) => format!("trying again in {}, as it asked", secs(wait)),
+                        (false, None) => format!("trying again in {}", secs(wait)),
+                    };
                     let kept = match path {
                         Path::Metrics => "the metrics keep their totals",
                         Path::Traces => "the spans wait in their queue",
                     };
-                    eprintln!(
-                        "tracer: OTLP: posting to {url} failed: {why}; trying again in \
-                         {wait:?}{whose} ({kept})"
-                    );
+                    eprintln!("tracer: OTLP: posting to {url} failed: {why}; {next} ({kept})");
                 }
                 self.failing = true;
                 true
@@ -248,19 +272,70 @@ impl Unsent {
         }
     }
 
+    /// What is still queued, given up with it.
+    fn add_left(&mut self, p: &Pending) {
+        self.metrics |= p.metrics.is_some();
+        self.spans += p.spans.len();
+    }
+
     fn say(&self, why: &str) {
-        if self.metrics || self.spans > 0 {
-            let what = if self.metrics {
-                "the last metrics and "
-            } else {
-                ""
-            };
+        let spans = (self.spans > 0).then(|| format!("{} spans", self.spans));
+        let what: Vec<String> = (self.metrics.then(|| "the last metrics".to_string()))
+            .into_iter()
+            .chain(spans)
+            .collect();
+        if !what.is_empty() {
             eprintln!(
-                "tracer: OTLP: at the end {what}{} spans were not sent: {why}",
-                self.spans
+                "tracer: OTLP: at the end {} were not sent: {why}",
+                what.join(" and ")
             );
         }
     }
+}
+
+/// The next request to post (the metrics first: they are the totals, a span is one window),
+/// once no wait holds it, with the end's deadline once the watch has ended; `None` when the
+/// sender is done (what it gave up is said).
+fn next(
+    s: &Sender,
+    shared: &Shared,
+    unsent: &mut Unsent,
+) -> Option<(Path, Vec<u8>, Option<Instant>)> {
+    let (lock, wake) = &**shared;
+    let mut p = lock.lock().expect("not poisoned");
+    loop {
+        let work = p.metrics.is_some() || !p.spans.is_empty();
+        let wait = s.wait(p.closing.is_some());
+        if let Some(end) = p.closing {
+            if !work {
+                unsent.say("the collector did not take them");
+                return None;
+            }
+            if let Some(w) = wait.filter(|&w| Instant::now() + w > end) {
+                unsent.add_left(&p);
+                unsent.say(&format!("the collector asked to wait {}", secs(w)));
+                return None;
+            }
+            if Instant::now() >= end {
+                unsent.add_left(&p);
+                unsent.say(&format!("the collector took over {}", secs(FLUSH)));
+                return None;
+            }
+        }
+        match (work, wait) {
+            (true, None) => break,
+            (_, Some(w)) => p = wake.wait_timeout(p, w).expect("not poisoned").0,
+            (false, None) => p = wake.wait(p).expect("not poisoned"),
+        }
+    }
+    let next = match p.metrics.take() {
+        Some(m) => (Path::Metrics, m),
+        None => (Path::Traces, p.spans.pop_front().expect("work")),
+    };
+    if p.spans.is_empty() {
+        p.dropping = false;
+    }
+    Some((next.0, next.1, p.closing))
 }
 
 fn post_all(base: &str, shared: &Shared) {
@@ -272,67 +347,33 @@ fn post_all(base: &str, shared: &Shared) {
         failing: false,
         said: [None, None],
     };
-    let (lock, wake) = &**shared;
-    let mut deadline: Option<Instant> = None;
     let mut unsent = Unsent::default();
-    loop {
-        let ((path, body), closing) = {
-            let mut p = lock.lock().expect("not poisoned");
-            loop {
-                if p.closing && deadline.is_none() {
-                    deadline = Some(Instant::now() + FLUSH);
-                }
-                let work = p.metrics.is_some() || !p.spans.is_empty();
-                if p.closing && !work {
-                    return unsent.say("the collector did not take them");
-                }
-                let wait = s.wait(p.closing);
-                if let (Some(w), Some(d)) = (wait, deadline)
-                    && Instant::now() + w > d
-                {
-                    unsent.metrics |= p.metrics.is_some();
-                    unsent.spans += p.spans.len();
-                    return unsent.say(&format!("the collector asked to wait {w:?}"));
-                }
-                match (work, wait) {
-                    (true, None) => break,
-                    (_, Some(w)) => p = wake.wait_timeout(p, w).expect("not poisoned").0,
-                    (false, None) => p = wake.wait(p).expect("not poisoned"),
-                }
-            }
-            // The metrics first: they are the totals, a span is one window.
-            let next = match p.metrics.take() {
-                Some(m) => (Path::Metrics, m),
-                None => (Path::Traces, p.spans.pop_front().expect("work")),
-            };
-            if p.spans.is_empty() {
-                p.dropping = false;
-            }
-            (next, p.closing)
-        };
-        if deadline.is_some_and(|d| Instant::now() > d) {
-            let p = lock.lock().expect("not poisoned");
-            unsent.add(path);
-            unsent.metrics |= p.metrics.is_some();
-            unsent.spans += p.spans.len();
-            return unsent.say(&format!("the collector took over {FLUSH:?}"));
-        }
-        if !s.send(path, &body) {
+    while let Some((path, body, end)) = next(&s, shared, &mut unsent) {
+        // At the end a post gets what is left of the bound, so the exit is never later.
+        let limit = end.map_or(post::TIMEOUT, |e| {
+            e.saturating_duration_since(Instant::now())
+                .min(post::TIMEOUT)
+        });
+        if !s.send(path, &body, limit, end.is_some()) {
             continue;
         }
-        // Worth sending again: at the end only after a wait the collector asked for (the
-        // loop gives up if that passes the end's bound); before it, always.
-        if closing && !s.hold.is_some_and(|(_, asked)| asked) {
-            unsent.add(path);
+        // Worth sending again: at the end (the watch may have ended during the post) only
+        // after a wait the collector asked for, which `next` gives up on if it passes the
+        // end's bound; before it, always.
+        let mut p = shared.0.lock().expect("not poisoned");
+        if p.closing.is_some() && !s.hold.is_some_and(|(_, asked)| asked) {
+            // Metrics a newer request replaced are not missing.
+            if !(path == Path::Metrics && p.metrics.is_some()) {
+                unsent.add(path);
+            }
             continue;
         }
-        let mut p = lock.lock().expect("not poisoned");
         match path {
             // A newer one, if any, replaces it (cumulative).
             Path::Metrics => {
                 p.metrics.get_or_insert(body);
             }
-            Path::Traces => p.spans.push_front(body),
+            Path::Traces => p.push_span(body, true),
         }
     }
 }

@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::collector::{
 use prost::Message;
 
 /// A post that takes longer has failed.
-const TIMEOUT: Duration = Duration::from_secs(3);
+pub const TIMEOUT: Duration = Duration::from_secs(3);
 /// The longest wait a collector's `Retry-After` is taken for: the metrics are cumulative, so
 /// waiting longer only loses resolution, and a stray date far ahead must not silence the
 /// export for good.
@@ -72,19 +72,34 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
-pub fn post(agent: &ureq::Agent, url: &str, path: Path, body: &[u8]) -> Answer {
-    let mut r = match agent
+/// Posts `body` to `url`, all of it (the answer's body too) within `limit`.
+pub fn post(agent: &ureq::Agent, url: &str, path: Path, body: &[u8], limit: Duration) -> Answer {
+    let sent = agent
         .post(url)
+        .config()
+        .timeout_global(Some(limit))
+        .build()
         .header("Content-Type", "application/x-protobuf")
-        .send(body)
-    {
+        .send(body);
+    let mut r = match sent {
         Ok(r) => r,
-        Err(e) => {
+        // No answer, or none that made sense: a collector restarting, or a network that is
+        // down for now.
+        Err(
+            e @ (ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::HostNotFound
+            | ureq::Error::Protocol(_)
+            | ureq::Error::BodyStalled),
+        ) => {
             return Answer::Retry {
                 asked: None,
                 why: e.to_string(),
             };
         }
+        // What trying again would not change (a URL it cannot use, redirects).
+        Err(e) => return Answer::Refused(e.to_string()),
     };
     let status = r.status().as_u16();
     let asked = r
@@ -112,8 +127,9 @@ fn classify(status: u16, asked: Option<Duration>, path: Path, body: &[u8]) -> An
     }
 }
 
-/// `Retry-After` as delay-seconds or an HTTP-date (RFC 9110), at most `MOST_ASKED`; a date
-/// already past is no wait.
+/// `Retry-After` as delay-seconds or an HTTP-date (RFC 9110), at most `MOST_ASKED`. No wait
+/// (0, or a date already past) is as if none was asked, so the backoff applies: trying again
+/// at once, again and again, would flood a collector that is struggling.
 fn retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     let v = v.trim();
     let wait = match v.parse::<u64>() {
@@ -123,7 +139,7 @@ fn retry_after(v: &str, now: SystemTime) -> Option<Duration> {
             at.duration_since(now).unwrap_or_default()
         }
     };
-    Some(wait.min(MOST_ASKED))
+    (!wait.is_zero()).then(|| wait.min(MOST_ASKED))
 }
 
 /// What a 2xx's partial success said: rejected items, or a warning (the spec lets a collector
@@ -252,10 +268,8 @@ mod tests {
             retry_after("Fri, 04 Dec 2026 20:00:30 GMT", now),
             Some(Duration::from_secs(30))
         );
-        assert_eq!(
-            retry_after("Fri, 04 Dec 2026 19:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(retry_after("Fri, 04 Dec 2026 19:00:00 GMT", now), None);
+        assert_eq!(retry_after("0", now), None);
         assert_eq!(retry_after("86400", now), Some(MOST_ASKED));
         assert_eq!(retry_after("soon", now), None);
     }
