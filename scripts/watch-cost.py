@@ -47,9 +47,22 @@ def per_program(pid):
 
 
 def bpf_ns(pid):
-    """Run time of every BPF program the process holds a descriptor of, and how many."""
-    progs = per_program(pid)
-    return sum(ns for _, ns in progs.values()), len(progs)
+    """Run time of every BPF program the process holds a descriptor of (each counted once)."""
+    seen, total = set(), 0
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            info = dict(
+                line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{fd}") if ":" in line
+            )
+        except OSError:
+            continue
+        if "run_time_ns" not in info or "prog_id" not in info:
+            continue
+        prog = info["prog_id"].strip()
+        if prog not in seen:
+            seen.add(prog)
+            total += int(info["run_time_ns"])
+    return total, len(seen)
 
 
 def switches(pid):

@@ -173,10 +173,8 @@ impl IdleSender {
 
 /// The thread: each ask, `send_batch` on every online CPU left to it.
 fn serve(fd: &OwnedFd, mine: u32, left: &[u32], asked: mpsc::Receiver<Ask>) {
-    // The system call, not glibc's wrapper: the release binary links against glibc 2.28,
-    // which has none (2.30 added it).
-    // SAFETY: gettid takes no arguments and cannot fail.
-    let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    // SAFETY: no arguments.
+    let me = unsafe { libc::gettid() } as u32;
     for ask in asked {
         match ask {
             Ask::Send(done) => {
