@@ -197,20 +197,20 @@ pub fn emit(event: &Event) {
     }
 }
 
-/// Per CPU, whether it leaves its batch to userspace when it goes idle (1) or sends it (0,
-/// every CPU until userspace says otherwise). A CPU that goes idle would otherwise keep its
-/// records until it next switches, which may be seconds; but a send at every switch to idle is
-/// a ring-buffer output per handover where threads hand work to each other across idle CPUs,
-/// the most common shape of a server (BENCHMARKS.md). Where userspace can run `send_batch` on
-/// a CPU itself (at each window's cut), it sets that CPU's entry. The loader sizes it to the
-/// CPU count.
+/// Which CPUs send their batch when they go idle: 0 every CPU (until userspace says otherwise),
+/// CPU + 1 only that one. A CPU that goes idle would otherwise keep its records until it next
+/// switches, which may be seconds; but a send at every switch to idle is a ring-buffer output
+/// per handover where threads hand work to each other across idle CPUs, the most common shape
+/// of a server (1.2 us of BPF per switch on the GPU machine's host: BENCHMARKS.md). Where
+/// userspace can run `send_batch` on an idle CPU itself (at each window's cut), it keeps this
+/// only for the CPU its own thread for that runs on, whose batch it cannot send that way.
 #[map]
-pub static IDLE_SENDER: Array<u32> = Array::with_max_entries(1024, 0);
+pub static IDLE_SENDER: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 pub fn sends_when_idle(cpu: u32) -> bool {
-    match IDLE_SENDER.get(cpu) {
-        Some(&left) => left == 0,
+    match IDLE_SENDER.get(0) {
+        Some(&c) => c == 0 || c == cpu + 1,
         None => true,
     }
 }

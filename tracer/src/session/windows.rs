@@ -5,9 +5,8 @@
 //! the cgroups and the GPU are read (`begin_cut`); the CPUs' batches of records from before
 //! the end still arrive for a moment, and go to the closing window by their time. After
 //! `CUT_LAG` the window is assembled (`end_cut`). A record from before a window's end that
-//! arrives later still (a CPU that ran one task without switching since, or an idle one whose
-//! batch was not sent in time) is counted in the next window's `late_records`, not silently
-//! added to it.
+//! arrives later still (a CPU that ran one task without switching since) is counted in the
+//! next window's `late_records`, not silently added to it.
 
 use std::time::Duration;
 
@@ -291,9 +290,6 @@ impl Session<'_> {
             None => "no summary was printed".into(),
         });
         self.probes.detach_sched();
-        // The records CPUs still hold are taken from the map below: nothing may send them
-        // into the ring buffer after it is drained.
-        self.probes.stop_idle_sender();
         let end = monotonic_ns();
         let proc_end = ProcSide::read(&self);
         // The CUDA accounting as of the window's end; the uprobes come off after (slowly).

@@ -386,9 +386,7 @@ impl SchedProbes {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
-        let idle_sender = possible_cpus()
-            .and_then(|n| send::IdleSender::start(&mut ebpf, n))
-            .map_err(|e| format!("{e:#}"));
+        let idle_sender = send::IdleSender::start(&mut ebpf).map_err(|e| format!("{e:#}"));
         let debug_log = opts
             .debug_bpf
             .then(|| debug_log::start(&mut ebpf))
@@ -576,32 +574,11 @@ impl SchedProbes {
     }
 
     /// Has the CPUs that went idle since send the records they hold (at a window's cut, whose
-    /// records they may be). Without the idle sender they sent them as they went idle. If its
-    /// thread has been moved off its CPU, every CPU sends its own again from here, and it says
-    /// so.
-    pub fn send_idle_batches(&mut self) {
-        let Ok(s) = &self.idle_sender else { return };
-        if s.send() {
-            return;
-        }
-        let left = s.left.clone();
-        eprintln!(
-            "tracer: the thread that sends idle CPUs' records was moved off its CPU (a cpuset \
-             change?); each CPU sends its own from now on"
-        );
-        if let Err(e) = send::set_left(&mut self.ebpf, &left, 0) {
-            eprintln!("tracer: {e:#}: idle CPUs' records may come late (`late_records`)");
-        }
-        self.idle_sender = Err("its thread was moved off its CPU".into());
-    }
-
-    /// Stops the idle sender (at the end: nothing may be sent once the last records are
-    /// taken).
-    pub fn stop_idle_sender(&mut self) {
+    /// records they may be). Without the idle sender they sent them as they went idle.
+    pub fn send_idle_batches(&self) {
         if let Ok(s) = &self.idle_sender {
-            s.stop();
+            s.send();
         }
-        self.idle_sender = Err("stopped".into());
     }
 
     /// How the records of CPUs gone idle are sent, in words (`tracer doctor`).
@@ -752,7 +729,6 @@ fn load_object(
         .btf(btf)
         .override_global("CONFIG", &config, true)
         .map_max_entries("CPU_WAIT", cpus)
-        .map_max_entries("IDLE_SENDER", cpus)
         .map_max_entries("EVENTS", opts.ring_bytes)
         .map_max_entries("THREAD_SLOTS", thread_slots)
         // Tests fill the thread map on purpose (`--debug-bpf`'s log of it).

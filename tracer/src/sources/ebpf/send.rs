@@ -2,18 +2,18 @@
 //! need not send theirs at every switch to idle: where threads hand work to each other across
 //! otherwise idle CPUs, that send was a ring-buffer output per handover.
 //!
-//! A thread of its own, pinned to one CPU (the "sender CPU"), runs `send_batch` on the other
-//! CPUs when asked (at each window's cut) with BPF_PROG_TEST_RUN and BPF_F_TEST_RUN_ON_CPU
-//! (Linux 5.10): the kernel runs it there in an IPI, with interrupts off, as the batch
-//! requires. Those CPUs leave their batch to it when they go idle (`IDLE_SENDER`); the sender
-//! CPU, and CPUs kept free of interruptions (`isolated`, `nohz_full`), still send their own.
-//! Where the kernel cannot run a program on another CPU (before 5.10), or there is one CPU,
-//! nothing changes: every CPU sends when idle.
+//! A thread of its own, pinned to one CPU (the "sender CPU"), runs `send_batch` on every other
+//! online CPU when asked (at each window's cut) with BPF_PROG_TEST_RUN and
+//! BPF_F_TEST_RUN_ON_CPU (Linux 5.10): the kernel runs it there in an IPI, with interrupts off,
+//! as the batch requires. On the caller's own CPU it would run with interrupts on, so the
+//! sender CPU keeps sending its own batch when idle (`IDLE_SENDER` = its number + 1). Where the
+//! kernel cannot run a program on another CPU (before 5.10), or there is one CPU, nothing
+//! changes: every CPU sends when idle.
 
 use std::{
     os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     sync::mpsc,
-    time::Duration,
+    thread::JoinHandle,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -44,25 +44,20 @@ struct TestRun {
 }
 
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
+/// How long a window's cut waits for the idle CPUs' batches to be sent (a few microseconds a
+/// CPU when the thread gets its CPU).
+const WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
-/// How long a window's cut waits for the batches to be sent (a few microseconds a CPU when
-/// the thread gets its CPU), and the end for the thread to stop.
-const WAIT: Duration = Duration::from_millis(100);
 
-/// Runs the program on `cpu`, telling it the caller's thread ID (in whose context it must do
-/// nothing: that is a run on the caller's own CPU, with interrupts on); its return value.
-fn run_on(prog: &OwnedFd, cpu: u32, caller: u32) -> std::io::Result<u32> {
-    let ctx = [u64::from(caller)];
+/// Runs the program on `cpu`; its return value.
+fn run_on(prog: &OwnedFd, cpu: u32) -> std::io::Result<u32> {
     let mut attr = TestRun {
         prog_fd: prog.as_raw_fd() as u32,
-        ctx_size_in: size_of_val(&ctx) as u32,
-        ctx_in: ctx.as_ptr() as u64,
         flags: BPF_F_TEST_RUN_ON_CPU,
         cpu,
         ..Default::default()
     };
-    // SAFETY: the attribute is a valid `bpf_attr.test` of the size passed, and it and the
-    // context it points to live for the call.
+    // SAFETY: the attribute is a valid `bpf_attr.test` of the size passed, alive for the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -77,162 +72,98 @@ fn run_on(prog: &OwnedFd, cpu: u32, caller: u32) -> std::io::Result<u32> {
     Ok(attr.retval)
 }
 
-enum Ask {
-    /// Send the batches; answered `false` when the thread is no longer on its CPU.
-    Send(mpsc::SyncSender<bool>),
-    Stop(mpsc::SyncSender<()>),
-}
-
-/// The thread that sends idle CPUs' batches. Dropped, it ends once it has served what it was
-/// asked (not waited for: a thread kept off its CPU must not hold up the exit; the program it
-/// runs is never attached and goes with the process).
+/// The thread that sends idle CPUs' batches; dropped, it ends (before the programs go).
 pub struct IdleSender {
-    asks: mpsc::SyncSender<Ask>,
+    asks: Option<mpsc::SyncSender<mpsc::SyncSender<()>>>,
+    thread: Option<JoinHandle<()>>,
     /// The CPU it runs on, which still sends its own batch when idle.
     pub cpu: u32,
-    /// The CPUs that leave their batch to it.
-    pub left: Vec<u32>,
 }
 
 impl IdleSender {
-    /// Loads `send_batch`, starts the thread and, once a run on another CPU has worked, has
-    /// the other CPUs leave their batch to it. An error leaves every CPU sending its own (the
-    /// behaviour before), and says why.
-    pub fn start(ebpf: &mut Ebpf, possible: u32) -> Result<Self> {
-        let kept_free: Vec<u32> = ["isolated", "nohz_full"]
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(format!("/sys/devices/system/cpu/{f}")).ok())
-            .flat_map(|l| cpu_list(&l))
-            .collect();
+    /// Loads `send_batch`, starts the thread and, once a run on another CPU has worked, tells
+    /// the programs that only its CPU sends when idle. An error leaves every CPU sending its
+    /// own (the behaviour before), and says why.
+    pub fn start(ebpf: &mut Ebpf) -> Result<Self> {
+        let cpus = online_cpus()?;
         let allowed = allowed_cpus();
-        let online = online_cpus();
-        let Some(&mine) = online
-            .iter()
-            .find(|c| allowed.contains(c) && !kept_free.contains(c))
-        else {
-            bail!("no online CPU this process may run on that is not kept free");
+        let Some(&mine) = cpus.iter().find(|c| allowed.contains(c)) else {
+            bail!("no online CPU this process may run on");
         };
-        let left: Vec<u32> = (0..possible)
-            .filter(|c| *c != mine && !kept_free.contains(c))
-            .collect();
-        let Some(&other) = online.iter().find(|c| left.contains(c)) else {
-            bail!("no other CPU to send the batches of");
-        };
+        if cpus.len() < 2 {
+            bail!("one CPU: it sends its own batch");
+        }
         let prog: &mut RawTracePoint = ebpf
             .program_mut("send_batch")
             .context("send_batch program")?
             .try_into()?;
         prog.load().context("loading send_batch")?;
         let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
-        // Before anything relies on it: a run on another CPU (while every CPU still sends its
+        let others: Vec<u32> = cpus.into_iter().filter(|&c| c != mine).collect();
+        // Before anything relies on it: a run on another CPU (with every CPU still sending its
         // own, it sends nothing).
-        run_on(&fd, other, 0).context("running a program on another CPU (Linux 5.10)")?;
-        let (asks, asked) = mpsc::sync_channel::<Ask>(1);
+        run_on(&fd, others[0]).context("running a program on another CPU (Linux 5.10)")?;
+        let (asks, asked) = mpsc::sync_channel::<mpsc::SyncSender<()>>(1);
         let (ready, pinned) = mpsc::sync_channel(1);
-        let sent_to = left.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tracer-idle".into())
             .spawn(move || {
-                let _ = ready.send(pin_to(mine));
-                serve(&fd, mine, &sent_to, asked);
+                let _ = ready.send(crate::workload::server::set_affinity(0, &[mine as usize]));
+                for done in asked {
+                    // Moved off its CPU (its cpuset changed), a run on the CPU it is on would
+                    // happen with interrupts on: none then.
+                    // SAFETY: no arguments.
+                    if unsafe { libc::sched_getcpu() } == mine as i32 {
+                        for &cpu in &others {
+                            // An offline CPU (hotplug) has nothing to send.
+                            let _ = run_on(&fd, cpu);
+                        }
+                    }
+                    let _ = done.send(());
+                }
             })?;
-        pinned
-            .recv_timeout(Duration::from_secs(1))
-            .context("the idle-batch thread did not start")?
-            .context("pinning the idle-batch thread")?;
-        set_left(ebpf, &left, 1)?;
-        Ok(Self {
-            asks,
+        let sender = Self {
+            asks: Some(asks),
+            thread: Some(thread),
             cpu: mine,
-            left,
-        })
+        };
+        pinned
+            .recv()
+            .context("the idle-batch thread ended")?
+            .context("pinning the idle-batch thread")?;
+        let mut idle: Array<_, u32> =
+            Array::try_from(ebpf.map_mut("IDLE_SENDER").context("IDLE_SENDER map")?)?;
+        idle.set(0, mine + 1, 0)?;
+        Ok(sender)
     }
 
-    /// Sends the batches of the CPUs left to it now (their records then reach the ring buffer
-    /// within microseconds). Waits at most `WAIT`: a thread kept off its CPU (a real-time task
-    /// pinned there) must not hold up the window; records not sent in time are counted late.
-    /// `false`: the thread has left its CPU (its cpuset changed), and sends nothing any more.
-    pub fn send(&self) -> bool {
+    /// Sends every idle CPU's batch now (their records then reach the ring buffer within
+    /// microseconds). Waits at most `WAIT`: a thread kept off its CPU (a real-time task pinned
+    /// there) must not hold up the window; records it did not send in time are counted late.
+    pub fn send(&self) {
+        let Some(asks) = &self.asks else { return };
         let (done, wait) = mpsc::sync_channel(1);
         // Full: the last ask is still being served.
-        if self.asks.try_send(Ask::Send(done)).is_err() {
-            return true;
-        }
-        wait.recv_timeout(WAIT).unwrap_or(true)
-    }
-
-    /// Stops the thread (waiting at most `WAIT`), so that nothing is sent once the last
-    /// records have been taken.
-    pub fn stop(&self) {
-        let (done, wait) = mpsc::sync_channel(1);
-        if self.asks.try_send(Ask::Stop(done)).is_ok() {
+        if asks.try_send(done).is_ok() {
             let _ = wait.recv_timeout(WAIT);
         }
     }
 }
 
-/// The thread: each ask, `send_batch` on every online CPU left to it.
-fn serve(fd: &OwnedFd, mine: u32, left: &[u32], asked: mpsc::Receiver<Ask>) {
-    // SAFETY: no arguments.
-    let me = unsafe { libc::gettid() } as u32;
-    for ask in asked {
-        match ask {
-            Ask::Send(done) => {
-                // SAFETY: no arguments.
-                let on_mine = unsafe { libc::sched_getcpu() } == mine as i32;
-                if on_mine {
-                    // Read each time: a CPU brought online since has its records too.
-                    for cpu in online_cpus().into_iter().filter(|c| left.contains(c)) {
-                        let _ = run_on(fd, cpu, me);
-                    }
-                }
-                let _ = done.send(on_mine);
-            }
-            Ask::Stop(done) => {
-                let _ = done.send(());
-                return;
-            }
+impl Drop for IdleSender {
+    fn drop(&mut self) {
+        self.asks = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
 
-/// Marks `cpus` as leaving their batch to userspace (1) or sending it when idle (0).
-pub fn set_left(ebpf: &mut Ebpf, cpus: &[u32], value: u32) -> Result<()> {
-    let mut idle: Array<_, u32> =
-        Array::try_from(ebpf.map_mut("IDLE_SENDER").context("IDLE_SENDER map")?)?;
-    for &c in cpus {
-        idle.set(c, value, 0)?;
-    }
-    Ok(())
-}
-
-fn online_cpus() -> Vec<u32> {
-    aya::util::online_cpus().unwrap_or_default()
-}
-
-/// A kernel CPU list (`0-3,8,10-11`; empty or `(null)` for none).
-fn cpu_list(s: &str) -> Vec<u32> {
-    s.trim()
-        .split(',')
-        .filter_map(|r| match r.split_once('-') {
-            Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
-            None => r.parse().ok().map(|c| c..=c),
-        })
-        .flatten()
-        .collect()
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_to(cpu: u32) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (`cpu` is an online CPU, below
-    // CPU_SETSIZE); the set lives for the call.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+fn online_cpus() -> Result<Vec<u32>> {
+    Ok(aya::util::online_cpus()
+        .map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?
+        .into_iter()
+        .collect())
 }
 
 /// The CPUs this process may run on (its affinity: a container's cpuset, taskset).
@@ -247,16 +178,4 @@ fn allowed_cpus() -> Vec<u32> {
         .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
         .map(|c| c as u32)
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cpu_list;
-
-    #[test]
-    fn cpu_lists_are_read() {
-        assert_eq!(cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
-        assert_eq!(cpu_list("\n"), Vec::<u32>::new());
-        assert_eq!(cpu_list("(null)\n"), Vec::<u32>::new());
-    }
 }
