@@ -161,53 +161,6 @@ fn consecutive_windows_add_up_to_the_whole_run_exactly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A thread on CPU 1 that runs 1 ms every 0.7 s: its CPU is idle between, holding the records
-/// of its last switches (tracer-ebpf `Batch`) until it next switches, unless the window's cut
-/// has it send them (sources/ebpf/send.rs; or, where the kernel cannot, it sent them as it
-/// went idle). Each window must have its records: none may arrive after it was reported.
-const SLEEPER: &str = "import time\n\
-while True:\n\
-\x20   t = time.monotonic()\n\
-\x20   while time.monotonic() - t < 0.001: pass\n\
-\x20   time.sleep(0.7)\n";
-
-#[test]
-fn the_records_of_a_cpu_gone_idle_reach_their_window() {
-    let _guard = serial();
-    require_root();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
-        eprintln!("skipped: one CPU");
-        return;
-    }
-    let target = Kill::group(Command::new("taskset").args(["-c", "1", "python3", "-c", SLEEPER]));
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = target.id().to_string();
-    let out = run_tracer(&[
-        "watch", "-p", &pid, "-i", "1s", "--count", "6", "--json", "--quiet", "--no-gpu",
-    ]);
-    assert!(out.status.success(), "{}", out.stderr);
-    let windows = lines(&out.stdout);
-    assert_eq!(windows.len(), 6, "{}", out.stdout);
-    let mut switches = 0;
-    for (i, w) in windows.iter().enumerate() {
-        assert_eq!(
-            u(&w["losses"]["late_records"]),
-            0,
-            "window {i}: {}",
-            w["losses"]
-        );
-        switches += w["threads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| u(&t["voluntary_switches"]))
-            .sum::<u64>();
-    }
-    // About one sleep a window: there were records to hold.
-    assert!(switches >= 5, "{switches} switches in 6 s");
-}
-
 #[test]
 fn sigterm_reports_the_partial_window_and_detaches_everything() {
     let _guard = serial();

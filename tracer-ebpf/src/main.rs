@@ -37,8 +37,6 @@ mod requests;
 #[cfg(target_arch = "bpf")]
 mod sched;
 #[cfg(target_arch = "bpf")]
-mod send;
-#[cfg(target_arch = "bpf")]
 mod tp_btf;
 
 #[cfg(not(target_arch = "bpf"))]

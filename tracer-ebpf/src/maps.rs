@@ -197,24 +197,6 @@ pub fn emit(event: &Event) {
     }
 }
 
-/// Which CPUs send their batch when they go idle: 0 every CPU (until userspace says otherwise),
-/// CPU + 1 only that one. A CPU that goes idle would otherwise keep its records until it next
-/// switches, which may be seconds; but a send at every switch to idle is a ring-buffer output
-/// per handover where threads hand work to each other across idle CPUs, the most common shape
-/// of a server (1.2 us of BPF per switch on the GPU machine's host: BENCHMARKS.md). Where
-/// userspace can run `send_batch` on an idle CPU itself (at each window's cut), it keeps this
-/// only for the CPU its own thread for that runs on, whose batch it cannot send that way.
-#[map]
-pub static IDLE_SENDER: Array<u32> = Array::with_max_entries(1, 0);
-
-#[inline(always)]
-pub fn sends_when_idle(cpu: u32) -> bool {
-    match IDLE_SENDER.get(0) {
-        Some(&c) => c == 0 || c == cpu + 1,
-        None => true,
-    }
-}
-
 /// Per-CPU records not yet sent (see `tracer_common::BatchBuf`).
 #[map]
 pub static BATCH: PerCpuArray<BatchBuf> = PerCpuArray::with_max_entries(1, 0);

@@ -22,8 +22,7 @@ use crate::{
 };
 
 /// How long after a window's end its records are still taken: a CPU sends its batch at its
-/// first switch after the next tick (4 ms at HZ=250); one gone idle, when the cut asks it to
-/// (or as it went idle, where the kernel cannot run a program on another CPU).
+/// first switch after the next tick (4 ms at HZ=250), or when it goes idle.
 pub const CUT_LAG: Duration = Duration::from_millis(250);
 
 /// A window whose end has passed and whose records may still be arriving.
@@ -139,9 +138,6 @@ impl Session<'_> {
         let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, None)?;
         // After the reading: every account read was up to date at some instant before it.
         let end = monotonic_ns();
-        // Records before `end` that CPUs gone idle still hold: sent now, they arrive within
-        // `CUT_LAG` with the others.
-        self.probes.send_idle_batches();
         let proc_end = ProcSide::read(self);
         let mut cgroups = std::mem::take(&mut self.throttling);
         for (i, (t, _)) in self.throttle.0.iter().enumerate() {

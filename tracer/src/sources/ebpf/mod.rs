@@ -10,7 +10,6 @@ pub mod floor;
 pub mod layout;
 mod read;
 pub mod requests;
-mod send;
 mod slots;
 pub mod usdt;
 
@@ -151,9 +150,6 @@ pub struct SchedProbes {
     cgroup_offsets: bool,
     /// The tp_btf `sched_switch` program the kernel took (`SWITCH_PROGRAMS`).
     switch_program: &'static str,
-    /// Sends idle CPUs' batches at each window's cut (send.rs); without it every CPU sends its
-    /// own when it goes idle, and why is here.
-    idle_sender: Result<send::IdleSender, String>,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -386,7 +382,6 @@ impl SchedProbes {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
-        let idle_sender = send::IdleSender::start(&mut ebpf).map_err(|e| format!("{e:#}"));
         let debug_log = opts
             .debug_bpf
             .then(|| debug_log::start(&mut ebpf))
@@ -419,7 +414,6 @@ impl SchedProbes {
             follow_cgroups: false,
             cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
             switch_program,
-            idle_sender,
         })
     }
 
@@ -570,25 +564,6 @@ impl SchedProbes {
                     attached: attached.is_ok(),
                     reason: attached.err().map(|e| format!("{e:#}")),
                 });
-        }
-    }
-
-    /// Has the CPUs that went idle since send the records they hold (at a window's cut, whose
-    /// records they may be). Without the idle sender they sent them as they went idle.
-    pub fn send_idle_batches(&self) {
-        if let Ok(s) = &self.idle_sender {
-            s.send();
-        }
-    }
-
-    /// How the records of CPUs gone idle are sent, in words (`tracer doctor`).
-    pub fn idle_sending(&self) -> String {
-        match &self.idle_sender {
-            Ok(s) => format!(
-                "idle CPUs' records sent at each window's cut by a thread on CPU {}",
-                s.cpu
-            ),
-            Err(why) => format!("each CPU sends its records as it goes idle ({why})"),
         }
     }
 
