@@ -10,7 +10,12 @@ kernel.bpf_stats_enabled is 1) instead of bpftool, so it needs nothing but pytho
     sudo scripts/watch-cost.py TRACER TESTLOAD [ROUNDS] [-- extra watch options]
 
 Targets, interleaved each round: a sleeping process, and `TESTLOAD paced 50000 2` (about 101k
-context switches a second, counted from /proc). Prints one JSON line a run and the medians.
+context switches a second, counted from /proc). Prints one JSON line a run (with each BPF
+program's runs a second and ns a run, busiest first) and the medians.
+
+Environment: INTERVAL_S (window length, 5) and WINDOWS (windows measured, 6); TARGETS (a comma
+list of `idle` and `100k switches/s`, both by default); PIN (a CPU list for `taskset -c`: the
+busy target's two threads on those CPUs only, e.g. one CPU, where no handover crosses cores).
 """
 
 import json
@@ -21,8 +26,8 @@ import sys
 import threading
 import time
 
-INTERVAL_S = 5
-WINDOWS = 6
+INTERVAL_S = int(os.environ.get("INTERVAL_S", "5"))
+WINDOWS = int(os.environ.get("WINDOWS", "6"))
 STATS = "/proc/sys/kernel/bpf_stats_enabled"
 
 
@@ -31,9 +36,9 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bpf_ns(pid):
-    """Run time of every BPF program the process holds a descriptor of (each counted once)."""
-    seen, total = set(), 0
+def per_program(pid):
+    """prog_id -> (run_cnt, run_time_ns) of every BPF program the process holds."""
+    out = {}
     for fd in os.listdir(f"/proc/{pid}/fdinfo"):
         try:
             info = dict(
@@ -41,13 +46,15 @@ def bpf_ns(pid):
             )
         except OSError:
             continue
-        if "run_time_ns" not in info or "prog_id" not in info:
-            continue
-        prog = info["prog_id"].strip()
-        if prog not in seen:
-            seen.add(prog)
-            total += int(info["run_time_ns"])
-    return total, len(seen)
+        if "run_time_ns" in info and "prog_id" in info:
+            out[int(info["prog_id"])] = (int(info["run_cnt"]), int(info["run_time_ns"]))
+    return out
+
+
+def bpf_ns(pid):
+    """Run time of every BPF program the process holds a descriptor of, and how many."""
+    progs = per_program(pid)
+    return sum(ns for _, ns in progs.values()), len(progs)
 
 
 def switches(pid):
@@ -95,14 +102,24 @@ def once(tracer, target, extra):
         return lines[n - 1]
 
     t0 = wait_for(1, INTERVAL_S * 3 + 30)
-    c0, (b0, progs), s0 = cpu_s(w.pid), bpf_ns(w.pid), switches(target)
+    c0, (b0, progs), s0, p0 = cpu_s(w.pid), bpf_ns(w.pid), switches(target), per_program(w.pid)
     t1 = wait_for(1 + WINDOWS, INTERVAL_S * (WINDOWS + 3))
-    c1, (b1, _), s1 = cpu_s(w.pid), bpf_ns(w.pid), switches(target)
+    c1, (b1, _), s1, p1 = cpu_s(w.pid), bpf_ns(w.pid), switches(target), per_program(w.pid)
     mem = rss(w.pid)
     w.send_signal(2)
     w.wait(timeout=30)
     wall = t1 - t0
+    # Each program's runs a second and ns a run, the busiest first (fdinfo has no names).
+    runs = sorted(
+        (
+            (round((p1[i][0] - p0[i][0]) / wall), round((p1[i][1] - p0[i][1]) / max(1, p1[i][0] - p0[i][0])))
+            for i in p1
+            if i in p0 and p1[i][0] > p0[i][0]
+        ),
+        reverse=True,
+    )
     return {
+        "programs_runs_per_s_ns_per_run": runs,
         "process_share": (c1 - c0) / wall,
         "bpf_share": (b1 - b0) / 1e9 / wall,
         "total_share": (c1 - c0) / wall + (b1 - b0) / 1e9 / wall,
@@ -122,17 +139,22 @@ def main():
     rounds = int(args[2]) if len(args) > 2 else 3
     old = open(STATS).read().strip()
     open(STATS, "w").write("1")
+    names = os.environ.get("TARGETS", "idle,100k switches/s").split(",")
+    unknown = [n for n in names if n not in ("idle", "100k switches/s")]
+    if unknown:
+        sys.exit(f"watch-cost.py: unknown TARGETS {unknown}: use idle and/or '100k switches/s'")
+    pin = os.environ.get("PIN")
     runs = []
     try:
         for r in range(rounds):
-            for k in range(2):
-                name = ["idle", "100k switches/s"][(k + r) % 2]
+            for k in range(len(names)):
+                name = names[(k + r) % len(names)]
                 if name == "idle":
                     t = subprocess.Popen(["sleep", "100000"])
                 else:
                     # It runs until its stdin closes.
                     t = subprocess.Popen(
-                        [testload, "paced", "50000", "2"],
+                        (["taskset", "-c", pin] if pin else []) + [testload, "paced", "50000", "2"],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL,
                     )
@@ -147,7 +169,7 @@ def main():
                 runs.append(run)
     finally:
         open(STATS, "w").write(old)
-    for name in ["idle", "100k switches/s"]:
+    for name in names:
         mine = [x for x in runs if x["target"] == name]
         med = {
             k: statistics.median(x[k] for x in mine)
