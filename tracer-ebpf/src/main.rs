@@ -37,6 +37,8 @@ mod requests;
 #[cfg(target_arch = "bpf")]
 mod sched;
 #[cfg(target_arch = "bpf")]
+mod send;
+#[cfg(target_arch = "bpf")]
 mod tp_btf;
 
 #[cfg(not(target_arch = "bpf"))]

@@ -197,6 +197,24 @@ pub fn emit(event: &Event) {
     }
 }
 
+/// Per CPU, whether it leaves its batch to userspace when it goes idle (1) or sends it (0,
+/// every CPU until userspace says otherwise). A CPU that goes idle would otherwise keep its
+/// records until it next switches, which may be seconds; but a send at every switch to idle is
+/// a ring-buffer output per handover where threads hand work to each other across idle CPUs,
+/// the most common shape of a server (BENCHMARKS.md). Where userspace can run `send_batch` on
+/// a CPU itself (at each window's cut), it sets that CPU's entry. The loader sizes it to the
+/// CPU count.
+#[map]
+pub static IDLE_SENDER: Array<u32> = Array::with_max_entries(1024, 0);
+
+#[inline(always)]
+pub fn sends_when_idle(cpu: u32) -> bool {
+    match IDLE_SENDER.get(cpu) {
+        Some(&left) => left == 0,
+        None => true,
+    }
+}
+
 /// Per-CPU records not yet sent (see `tracer_common::BatchBuf`).
 #[map]
 pub static BATCH: PerCpuArray<BatchBuf> = PerCpuArray::with_max_entries(1, 0);

@@ -21,7 +21,7 @@ use tracer_common::{
 
 use crate::maps::{
     Batch, CHILDREN, CPU_WAIT, MIGRATIONS, PREEMPTORS, THREAD_SLOTS, THREAD_TEMPLATE, THREADS,
-    WAKERS, add, config, count, emit,
+    WAKERS, add, config, count, emit, sends_when_idle,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -578,7 +578,7 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
     // The path every non-target switch takes: nothing to record, only this CPU's batch to send
     // if it has waited a tick or the CPU goes idle.
     if !sw.prev_target && !sw.next_target && !owing {
-        out.age(sw.next_pid == 0);
+        out.age(sw.next_pid == 0 && sends_when_idle(cpu));
         return;
     }
     // The run queue's clock, unless this `__schedule` may have skipped updating it (clock.rs):
@@ -627,7 +627,7 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
     {
         switch_in(t, cpu, now, sw, &mut out);
     }
-    out.age(sw.next_pid == 0);
+    out.age(sw.next_pid == 0 && sends_when_idle(cpu));
 }
 
 /// Whether the thread's own counters `c` say nothing `unseen` would act on: read before, no

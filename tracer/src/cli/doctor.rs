@@ -118,8 +118,9 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
     };
     let (sched, btf) = if p.mode() == ProbeMode::TpBtf {
         let ok = format!(
-            "the tp_btf scheduler programs load and pass the verifier{counters} ({})",
-            p.btf_capability.reason
+            "the tp_btf scheduler programs load and pass the verifier{counters} ({}); {}",
+            p.btf_capability.reason,
+            p.idle_sending()
         );
         (cap(true, ok.clone()), cap(true, ok))
     } else {
@@ -129,7 +130,8 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
                 true,
                 format!(
                     "classic tracepoints load and pass the verifier{counters} (tp_btf \
-                     unavailable: {why})"
+                     unavailable: {why}); {}",
+                    p.idle_sending()
                 ),
             ),
             cap(false, why),

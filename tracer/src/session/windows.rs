@@ -5,8 +5,9 @@
 //! the cgroups and the GPU are read (`begin_cut`); the CPUs' batches of records from before
 //! the end still arrive for a moment, and go to the closing window by their time. After
 //! `CUT_LAG` the window is assembled (`end_cut`). A record from before a window's end that
-//! arrives later still (a CPU that ran one task without switching since) is counted in the
-//! next window's `late_records`, not silently added to it.
+//! arrives later still (a CPU that ran one task without switching since, or an idle one whose
+//! batch was not sent in time) is counted in the next window's `late_records`, not silently
+//! added to it.
 
 use std::time::Duration;
 
@@ -22,7 +23,8 @@ use crate::{
 };
 
 /// How long after a window's end its records are still taken: a CPU sends its batch at its
-/// first switch after the next tick (4 ms at HZ=250), or when it goes idle.
+/// first switch after the next tick (4 ms at HZ=250); one gone idle, when `end_cut` asks it
+/// to (or as it went idle, where the kernel cannot run a program on another CPU).
 pub const CUT_LAG: Duration = Duration::from_millis(250);
 
 /// A window whose end has passed and whose records may still be arriving.
@@ -167,6 +169,11 @@ impl Session<'_> {
 
     /// Assembles the window `begin_cut` ended.
     pub fn end_cut(&mut self) -> Result<Recording> {
+        // Records from before the end that CPUs idle now still hold (gone idle before the end,
+        // or since): sent now, they are in the ring buffer for this drain. A CPU that has run
+        // one task without a switch since `CUT_LAG` before is still late, as before.
+        self.probes.send_idle_batches();
+        self.drain();
         let c = self.closing.take().expect("begin_cut first");
         let (gpu, gpu_capability) = match &self.sampler {
             Ok(s) => (c.gpu, s.capability.clone()),
@@ -286,6 +293,9 @@ impl Session<'_> {
             None => "no summary was printed".into(),
         });
         self.probes.detach_sched();
+        // The records CPUs still hold are taken from the map below: nothing may send them
+        // into the ring buffer after it is drained.
+        self.probes.stop_idle_sender();
         let end = monotonic_ns();
         let proc_end = ProcSide::read(&self);
         // The CUDA accounting as of the window's end; the uprobes come off after (slowly).

@@ -10,6 +10,7 @@ pub mod floor;
 pub mod layout;
 mod read;
 pub mod requests;
+mod send;
 mod slots;
 pub mod usdt;
 
@@ -150,6 +151,9 @@ pub struct SchedProbes {
     cgroup_offsets: bool,
     /// The tp_btf `sched_switch` program the kernel took (`SWITCH_PROGRAMS`).
     switch_program: &'static str,
+    /// Sends idle CPUs' batches at each window's cut (send.rs); without it every CPU sends its
+    /// own when it goes idle, and why is here.
+    idle_sender: Result<send::IdleSender, String>,
 }
 
 fn load_error(e: impl std::fmt::Display) -> TracerError {
@@ -382,6 +386,9 @@ impl SchedProbes {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
+        let idle_sender = possible_cpus()
+            .and_then(|n| send::IdleSender::start(&mut ebpf, n))
+            .map_err(|e| format!("{e:#}"));
         let debug_log = opts
             .debug_bpf
             .then(|| debug_log::start(&mut ebpf))
@@ -414,6 +421,7 @@ impl SchedProbes {
             follow_cgroups: false,
             cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
             switch_program,
+            idle_sender,
         })
     }
 
@@ -567,6 +575,52 @@ impl SchedProbes {
         }
     }
 
+    /// Has the CPUs that hold records and went idle send them (when a window's records are
+    /// taken: they may be its records). Without the idle sender they sent them as they went
+    /// idle. If its thread has been moved off its CPU, every CPU sends its own again from
+    /// here, and it says so.
+    pub fn send_idle_batches(&mut self) {
+        let Ok(s) = &self.idle_sender else { return };
+        let holding = match self.cpus_holding_records() {
+            Ok(cpus) => cpus,
+            // Unreadable (it never has been): every CPU left to the thread.
+            Err(_) => s.left.clone(),
+        };
+        if s.send(holding) {
+            return;
+        }
+        let left = s.left.clone();
+        eprintln!(
+            "tracer: the thread that sends idle CPUs' records was moved off its CPU (a cpuset \
+             change?); each CPU sends its own from now on"
+        );
+        if let Err(e) = send::set_left(&mut self.ebpf, &left, 0) {
+            eprintln!("tracer: {e:#}: idle CPUs' records may come late (`late_records`)");
+        }
+        self.idle_sender = Err("its thread was moved off its CPU".into());
+    }
+
+    /// Stops the idle sender (at the end: nothing may be sent once the last records are
+    /// taken).
+    pub fn stop_idle_sender(&mut self) {
+        if let Ok(s) = &self.idle_sender {
+            s.stop();
+        }
+        self.idle_sender = Err("stopped".into());
+    }
+
+    /// How the records of CPUs gone idle are sent, in words (`tracer doctor`).
+    pub fn idle_sending(&self) -> String {
+        match &self.idle_sender {
+            Ok(s) => format!(
+                "idle CPUs' records sent when each window's are taken, by a thread on CPU {} \
+                 (only CPUs holding records are interrupted)",
+                s.cpu
+            ),
+            Err(why) => format!("each CPU sends its records as it goes idle ({why})"),
+        }
+    }
+
     /// Detaches the scheduler probes, context switch first. The maps stay readable.
     pub fn detach_sched(&mut self) {
         while let Some(link) = self.links.pop() {
@@ -704,6 +758,7 @@ fn load_object(
         .btf(btf)
         .override_global("CONFIG", &config, true)
         .map_max_entries("CPU_WAIT", cpus)
+        .map_max_entries("IDLE_SENDER", cpus)
         .map_max_entries("EVENTS", opts.ring_bytes)
         .map_max_entries("THREAD_SLOTS", thread_slots)
         // Tests fill the thread map on purpose (`--debug-bpf`'s log of it).

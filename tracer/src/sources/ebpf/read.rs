@@ -107,6 +107,19 @@ impl SchedProbes {
             .collect())
     }
 
+    /// The CPUs whose batch held records when read (a hint: each CPU keeps appending).
+    pub fn cpus_holding_records(&self) -> Result<Vec<u32>> {
+        let map: PerCpuArray<_, BatchBuf> =
+            PerCpuArray::try_from(self.ebpf.map("BATCH").context("BATCH map")?)?;
+        Ok(map
+            .get(&0, 0)?
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len != 0)
+            .map(|(cpu, _)| cpu as u32)
+            .collect())
+    }
+
     /// Every thread's totals: the slots in use, and the threads whose slot was taken.
     pub fn threads(&mut self) -> Result<Vec<ThreadStats>> {
         let mut threads = self.slots.used();
