@@ -235,6 +235,71 @@ fn the_records_of_a_cpu_gone_idle_reach_their_window() {
     assert!(switches >= 3, "{switches} switches in 8 s");
 }
 
+/// The thread that sends idle CPUs' records is pinned to one CPU: its runs on the others are
+/// IPIs with interrupts off, and the batch needs them off. Moved off its CPU (a cpuset
+/// change), it must hand the sending back to the CPUs at the next window, say so, and no
+/// window may lose its records.
+#[test]
+fn an_idle_sender_moved_off_its_cpu_hands_the_sending_back() {
+    let _guard = serial();
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("skipped: one CPU");
+        return;
+    }
+    let target = spinner();
+    let pid = target.id().to_string();
+    let mut tracer = Kill::group(
+        Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(tracer_tests::tracer_bin())
+            .args(["watch", "-p", &pid, "-i", "1s", "--count", "5", "--json"])
+            .args(["--quiet", "--no-gpu"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let mut out = std::io::BufReader::new(tracer.0.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut out, &mut first).expect("the first window");
+    // The first window came with the sender on CPU 0; now move it to CPU 1.
+    let task = format!("/proc/{}/task", tracer.id());
+    let sender = std::fs::read_dir(&task)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "tracer-idle")
+        })
+        .unwrap_or_else(|| panic!("no tracer-idle thread in {task}: is the sender in use?"));
+    let tid = sender.file_name().to_string_lossy().to_string();
+    let moved = Command::new("taskset")
+        .args(["-p", "-c", "1", &tid])
+        .output()
+        .unwrap();
+    assert!(moved.status.success(), "{moved:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(tracer.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = tracer.0.wait().unwrap();
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("idle CPUs' records can no longer be sent for them (its thread was moved"),
+        "{err}"
+    );
+    let windows = lines(&(first + &rest));
+    assert_eq!(windows.len(), 5, "{err}");
+    for (i, w) in windows.iter().enumerate() {
+        assert_eq!(
+            u(&w["losses"]["late_records"]),
+            0,
+            "window {i}: {}",
+            w["losses"]
+        );
+        assert!(u(&w["totals"]["voluntary_switches"]) > 0, "window {i}");
+    }
+}
+
 #[test]
 fn sigterm_reports_the_partial_window_and_detaches_everything() {
     let _guard = serial();

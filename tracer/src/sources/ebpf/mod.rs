@@ -577,8 +577,8 @@ impl SchedProbes {
 
     /// Has the CPUs that hold records and went idle send them (when a window's records are
     /// taken: they may be its records). Without the idle sender they sent them as they went
-    /// idle. If its thread has been moved off its CPU, every CPU sends its own again from
-    /// here, and it says so.
+    /// idle. If it can no longer (its thread was moved off its CPU, or the kernel refused a
+    /// run), every CPU sends its own again from here, and it says so.
     pub fn send_idle_batches(&mut self) {
         let Ok(s) = &self.idle_sender else { return };
         let holding = match self.cpus_holding_records() {
@@ -586,18 +586,16 @@ impl SchedProbes {
             // Unreadable (it never has been): every CPU left to the thread.
             Err(_) => s.left.clone(),
         };
-        if s.send(holding) {
-            return;
-        }
+        let Err(why) = s.send(holding) else { return };
         let left = s.left.clone();
         eprintln!(
-            "tracer: the thread that sends idle CPUs' records was moved off its CPU (a cpuset \
-             change?); each CPU sends its own from now on"
+            "tracer: idle CPUs' records can no longer be sent for them ({why}); each CPU sends \
+             its own from now on"
         );
         if let Err(e) = send::set_left(&mut self.ebpf, &left, 0) {
             eprintln!("tracer: {e:#}: idle CPUs' records may come late (`late_records`)");
         }
-        self.idle_sender = Err("its thread was moved off its CPU".into());
+        self.idle_sender = Err(why);
     }
 
     /// Stops the idle sender (at the end: nothing may be sent once the last records are

@@ -84,9 +84,8 @@ fn run_on(prog: &OwnedFd, cpu: u32, caller: u32) -> std::io::Result<u32> {
 }
 
 enum Ask {
-    /// Send the batches of these CPUs; answered `false` when the thread is no longer on its
-    /// CPU.
-    Send(Vec<u32>, mpsc::SyncSender<bool>),
+    /// Send the batches of these CPUs; answered with why it no longer can, if so.
+    Send(Vec<u32>, mpsc::SyncSender<Result<(), String>>),
     Stop(mpsc::SyncSender<()>),
 }
 
@@ -173,19 +172,17 @@ impl IdleSender {
     /// Sends the batches of `cpus` (those of them left to it) now: their records are in the
     /// ring buffer when this returns. Waits at most `WAIT`: a thread kept off its CPU (a
     /// real-time task pinned there) must not hold up the window; records not sent in time are
-    /// counted late. `false`: the thread has left its CPU (its cpuset changed), and sends
-    /// nothing any more.
-    pub fn send(&self, cpus: Vec<u32>) -> bool {
+    /// counted late. An error says why it can send no more (its thread has left its CPU, or
+    /// the kernel refused a run): the CPUs must send their own again.
+    pub fn send(&self, cpus: Vec<u32>) -> Result<(), String> {
+        // Asked even with no CPU to send for: the thread checks that it is still on its CPU.
         let cpus: Vec<u32> = cpus.into_iter().filter(|c| self.left.contains(c)).collect();
-        if cpus.is_empty() {
-            return true;
-        }
         let (done, wait) = mpsc::sync_channel(1);
         // Full: the last ask is still being served.
         if self.asks.try_send(Ask::Send(cpus, done)).is_err() {
-            return true;
+            return Ok(());
         }
-        wait.recv_timeout(WAIT).unwrap_or(true)
+        wait.recv_timeout(WAIT).unwrap_or(Ok(()))
     }
 
     /// Stops the thread (waiting at most `WAIT`), so that nothing is sent once the last
@@ -212,22 +209,7 @@ fn serve(fd: &OwnedFd, mine: u32, left: &[u32], stopped: &AtomicBool, asked: mps
     for ask in asked {
         match ask {
             Ask::Send(cpus, done) => {
-                // SAFETY: no arguments.
-                let on_mine = unsafe { libc::sched_getcpu() } == mine as i32;
-                if on_mine {
-                    // Read each time: an offline CPU cannot be asked (ENXIO).
-                    let online = online_cpus();
-                    for cpu in cpus
-                        .into_iter()
-                        .filter(|c| left.contains(c) && online.contains(c))
-                    {
-                        if stopped.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        let _ = run_on(fd, cpu, me);
-                    }
-                }
-                let _ = done.send(on_mine);
+                let _ = done.send(send_on(fd, mine, me, left, stopped, cpus));
             }
             Ask::Stop(done) => {
                 let _ = done.send(());
@@ -235,6 +217,38 @@ fn serve(fd: &OwnedFd, mine: u32, left: &[u32], stopped: &AtomicBool, asked: mps
             }
         }
     }
+}
+
+/// One ask: `send_batch` on each of `cpus` that is online and left to the thread.
+fn send_on(
+    fd: &OwnedFd,
+    mine: u32,
+    me: u32,
+    left: &[u32],
+    stopped: &AtomicBool,
+    cpus: Vec<u32>,
+) -> Result<(), String> {
+    // SAFETY: no arguments.
+    if unsafe { libc::sched_getcpu() } != mine as i32 {
+        return Err("its thread was moved off its CPU (a cpuset change?)".into());
+    }
+    // Read each time: an offline CPU cannot be asked.
+    let online = online_cpus();
+    for cpu in cpus
+        .into_iter()
+        .filter(|c| left.contains(c) && online.contains(c))
+    {
+        if stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        match run_on(fd, cpu, me) {
+            Ok(_) => {}
+            // Gone offline since it was read: its records went with it.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => return Err(format!("running send_batch on CPU {cpu}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// Marks `cpus` as leaving their batch to userspace (1) or sending it when idle (0).
