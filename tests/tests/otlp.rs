@@ -28,9 +28,13 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message;
 use serde_json::Value;
-use tracer_tests::{BUSY_TWO_THIRDS, Kill, Tracer, require_root, run_delay, run_tracer, serial};
+use tracer_tests::{
+    BUSY_TWO_THIRDS, Finished, Kill, Tracer, require_root, run_delay, run_tracer, serial,
+};
 
-type Received = Arc<Mutex<Vec<(String, Vec<u8>, Instant)>>>;
+/// A request the receiver took: its path, its body, when.
+type Request = (String, Vec<u8>, Instant);
+type Received = Arc<Mutex<Vec<Request>>>;
 
 const TAKEN: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
@@ -434,6 +438,29 @@ fn caused_starts(stdout: &str) -> (usize, Vec<u64>) {
     (windows.len(), caused)
 }
 
+/// A watch of `count` 1-s windows of a hogged target that posts to a receiver answering as
+/// `answer` says: the tracer's output (it exited 0, with every window), the Unix starts of the
+/// windows with a cause (there is one at least), and what the receiver got.
+fn watch_hogged(
+    count: usize,
+    answer: impl Fn(usize, &str) -> Vec<u8> + Send + Sync + 'static,
+) -> (Finished, Vec<u64>, Vec<Request>) {
+    let (target, _hog) = hogged_target();
+    let (port, got) = receiver_answering(answer);
+    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
+    let n = count.to_string();
+    let tracer = Tracer::start(&[
+        "watch", "-p", &pid, "-i", "1s", "--count", &n, "--no-gpu", "--json", "--otlp", &url,
+    ]);
+    let done = tracer.finish(Duration::from_secs(60));
+    assert!(done.status.success(), "{}", done.stderr);
+    let (windows, caused) = caused_starts(&done.stdout);
+    assert_eq!(windows, count, "{}", done.stderr);
+    assert!(!caused.is_empty(), "the hog gave a cause");
+    let got = got.lock().unwrap().clone();
+    (done, caused, got)
+}
+
 fn span_start(body: &[u8]) -> u64 {
     let req = ExportTraceServiceRequest::decode(body).expect("decodes");
     req.resource_spans[0].scope_spans[0].spans[0].start_time_unix_nano
@@ -447,14 +474,13 @@ fn span_start(body: &[u8]) -> u64 {
 fn a_collector_that_says_wait_is_waited_for_and_nothing_is_lost() {
     let _guard = serial();
     require_root();
-    let (target, _hog) = hogged_target();
     let slow = Status {
         code: 8,
         message: "slow down".into(),
     }
     .encode_to_vec();
     let (metrics, traces) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    let (port, got) = receiver_answering(move |_, path| {
+    let (done, caused, got) = watch_hogged(6, move |_, path| {
         let first = |n: &AtomicUsize| n.fetch_add(1, Ordering::SeqCst) == 0;
         match path {
             "/v1/metrics" if first(&metrics) => {
@@ -464,16 +490,6 @@ fn a_collector_that_says_wait_is_waited_for_and_nothing_is_lost() {
             _ => TAKEN.to_vec(),
         }
     });
-    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
-    let tracer = Tracer::start(&[
-        "watch", "-p", &pid, "-i", "1s", "--count", "6", "--no-gpu", "--json", "--otlp", &url,
-    ]);
-    let done = tracer.finish(Duration::from_secs(60));
-    assert!(done.status.success(), "{}", done.stderr);
-    let (windows, caused) = caused_starts(&done.stdout);
-    assert_eq!(windows, 6, "{}", done.stderr);
-    assert!(!caused.is_empty(), "the hog gave a cause");
-    let got = got.lock().unwrap().clone();
     let first_span = got
         .iter()
         .position(|(p, ..)| p == "/v1/traces")
@@ -521,7 +537,6 @@ fn a_collector_that_says_wait_is_waited_for_and_nothing_is_lost() {
 fn refusals_and_partial_successes_are_said_once_and_not_sent_again() {
     let _guard = serial();
     require_root();
-    let (target, _hog) = hogged_target();
     let partial = ExportMetricsServiceResponse {
         partial_success: Some(ExportMetricsPartialSuccess {
             rejected_data_points: 3,
@@ -534,23 +549,13 @@ fn refusals_and_partial_successes_are_said_once_and_not_sent_again() {
         message: "span too large".into(),
     }
     .encode_to_vec();
-    let (port, got) = receiver_answering(move |_, path| {
+    let (done, caused, got) = watch_hogged(3, move |_, path| {
         if path == "/v1/metrics" {
             answer("200 OK", "", &partial)
         } else {
             answer("400 Bad Request", "", &bad)
         }
     });
-    let (pid, url) = (target.id().to_string(), format!("http://127.0.0.1:{port}"));
-    let tracer = Tracer::start(&[
-        "watch", "-p", &pid, "-i", "1s", "--count", "3", "--no-gpu", "--json", "--otlp", &url,
-    ]);
-    let done = tracer.finish(Duration::from_secs(60));
-    assert!(done.status.success(), "{}", done.stderr);
-    let (windows, caused) = caused_starts(&done.stdout);
-    assert_eq!(windows, 3, "{}", done.stderr);
-    assert!(!caused.is_empty(), "the hog gave a cause");
-    let got = got.lock().unwrap().clone();
     let count = |path: &str| got.iter().filter(|(p, ..)| p == path).count();
     // At most one a window (a newer one replaces one not yet sent), none again.
     assert!((1..=3).contains(&count("/v1/metrics")), "{got:?}");
