@@ -197,13 +197,14 @@ pub fn emit(event: &Event) {
     }
 }
 
-/// Per CPU, whether it leaves its batch to userspace when it goes idle (1) or sends it (0,
-/// every CPU until userspace says otherwise). A CPU that goes idle would otherwise keep its
-/// records until it next switches, which may be seconds; but a send at every switch to idle is
-/// a ring-buffer output per handover where threads hand work to each other across idle CPUs,
-/// the most common shape of a server (BENCHMARKS.md). Where userspace can run `send_batch` on
-/// a CPU itself (at each window's cut), it sets that CPU's entry. The loader sizes it to the
-/// CPU count.
+/// Per CPU, whether it leaves its batch to userspace when it goes idle (1) or sends it (0).
+/// A CPU that leaves it keeps its last records until it next switches, which may be seconds;
+/// but a send at every switch to idle is a ring-buffer output per handover where threads hand
+/// work to each other across idle CPUs, the most common shape of a server (BENCHMARKS.md).
+/// Userspace sets every CPU to 1 after loading (a single recording takes what is left from the
+/// map at the end); a watch sets 0 where it cannot run `send_batch` itself each window (its
+/// sender's CPU, CPUs kept free of interruptions, or all where the kernel cannot). The loader
+/// sizes it to the CPU count.
 #[map]
 pub static IDLE_SENDER: Array<u32> = Array::with_max_entries(1024, 0);
 

@@ -1,7 +1,7 @@
-//! `send_batch`: sends the batch of the CPU it runs on. Never attached: userspace runs it on
-//! each CPU that leaves its batch to userspace (`maps::IDLE_SENDER`) at each window's cut
-//! (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU), so that those CPUs need not send it at
-//! every switch to idle.
+//! `send_batch`: sends the batch of the CPU it runs on. Never attached: a watch runs it on
+//! each CPU that leaves its batch to userspace (`maps::IDLE_SENDER`) and holds records, when
+//! each window's records are taken (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU), so that
+//! those CPUs need not send it at every switch to idle.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id},

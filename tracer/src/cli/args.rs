@@ -243,6 +243,7 @@ impl RecordArgs {
             // Requests are decomposed on the timeline.
             keep_timeline: self.outputs.need_timeline() || self.requests.wanted(),
             flight: None,
+            windows: false,
         }
     }
 }

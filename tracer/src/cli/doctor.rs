@@ -116,11 +116,11 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
     } else {
         ""
     };
+    let idle = p.idle_sending();
     let (sched, btf) = if p.mode() == ProbeMode::TpBtf {
         let ok = format!(
-            "the tp_btf scheduler programs load and pass the verifier{counters} ({}); {}",
+            "the tp_btf scheduler programs load and pass the verifier{counters} ({}); {idle}",
             p.btf_capability.reason,
-            p.idle_sending()
         );
         (cap(true, ok.clone()), cap(true, ok))
     } else {
@@ -130,8 +130,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
                 true,
                 format!(
                     "classic tracepoints load and pass the verifier{counters} (tp_btf \
-                     unavailable: {why}); {}",
-                    p.idle_sending()
+                     unavailable: {why}); {idle}"
                 ),
             ),
             cap(false, why),

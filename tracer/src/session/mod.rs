@@ -58,6 +58,10 @@ pub struct SessionOptions {
     /// `tracer watch --keep`: hold the timeline records of the run's last stretch (the
     /// kernel side then sends every state change), at most this many bytes of them.
     pub flight: Option<usize>,
+    /// `tracer watch`: cut into windows, each assembled from its records `CUT_LAG` after its
+    /// end, so idle CPUs' records must be sent to it (an idle sender) rather than taken at the
+    /// end.
+    pub windows: bool,
 }
 
 pub struct GpuSettings {
@@ -236,6 +240,9 @@ impl<'o> Session<'o> {
             &perf,
             timeline,
         )?;
+        if opts.windows {
+            probes.start_idle_sender();
+        }
         // NVML numbers processes as this tool's namespace does; the forked ones join as the
         // kernel side reports them (below, once a second).
         let gpu_members = Members::new(targets.members.iter().map(|t| t.proc_pid));

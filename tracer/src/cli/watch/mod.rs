@@ -114,6 +114,7 @@ pub fn run(args: WatchArgs) -> Result<()> {
     let mut opts = args.record.session_options(None);
     opts.progress = false;
     opts.flight = args.keep.map(|_| (args.keep_max_mib as usize) << 20);
+    opts.windows = true;
     runtime()?.block_on(watch(&args, &targets, &opts))
 }
 

@@ -156,6 +156,9 @@ pub struct SchedProbes {
     idle_sender: Result<send::IdleSender, String>,
 }
 
+/// Why there is no idle sender where no watch asked for one.
+const NOT_A_WATCH: &str = "not a watch: idle CPUs' records are taken at the end";
+
 fn load_error(e: impl std::fmt::Display) -> TracerError {
     TracerError::Load {
         detail: e.to_string(),
@@ -386,9 +389,10 @@ impl SchedProbes {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map")?)?;
-        let idle_sender = possible_cpus()
-            .and_then(|n| send::IdleSender::start(&mut ebpf, n))
-            .map_err(|e| format!("{e:#}"));
+        // Until a watch starts its sender, every CPU leaves its batch when it goes idle: the
+        // end takes what is left from the map (`unsent_batches`).
+        let cpus = possible_cpus()?;
+        send::set_left(&mut ebpf, &(0..cpus).collect::<Vec<_>>(), 1)?;
         let debug_log = opts
             .debug_bpf
             .then(|| debug_log::start(&mut ebpf))
@@ -421,7 +425,7 @@ impl SchedProbes {
             follow_cgroups: false,
             cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
             switch_program,
-            idle_sender,
+            idle_sender: Err(NOT_A_WATCH.into()),
         })
     }
 
@@ -575,6 +579,23 @@ impl SchedProbes {
         }
     }
 
+    /// A watch's: starts the thread that sends idle CPUs' records each window (send.rs). Where
+    /// it cannot, every CPU sends its own as it goes idle, as before, and `idle_sending` says
+    /// why.
+    pub fn start_idle_sender(&mut self) {
+        let started = send::load(&mut self.ebpf).and_then(|fd| {
+            let cpus = possible_cpus()?;
+            send::IdleSender::start(&mut self.ebpf, fd, cpus)
+        });
+        self.idle_sender = started.map_err(|e| format!("{e:#}"));
+        if let Err(why) = &self.idle_sender {
+            let all: Vec<u32> = (0..possible_cpus().unwrap_or(0)).collect();
+            if let Err(e) = send::set_left(&mut self.ebpf, &all, 0) {
+                eprintln!("tracer: {e:#}: idle CPUs' records may come late ({why})");
+            }
+        }
+    }
+
     /// Has the CPUs that hold records and went idle send them (when a window's records are
     /// taken: they may be its records). Without the idle sender they sent them as they went
     /// idle. If it can no longer (its thread was moved off its CPU, or the kernel refused a
@@ -607,15 +628,21 @@ impl SchedProbes {
         self.idle_sender = Err("stopped".into());
     }
 
-    /// How the records of CPUs gone idle are sent, in words (`tracer doctor`).
-    pub fn idle_sending(&self) -> String {
-        match &self.idle_sender {
-            Ok(s) => format!(
-                "idle CPUs' records sent when each window's are taken, by a thread on CPU {} \
-                 (only CPUs holding records are interrupted)",
+    /// How the records of CPUs gone idle reach a watch's windows, in words (`tracer doctor`,
+    /// which checks whether the kernel can run `send_batch` on a given CPU).
+    pub fn idle_sending(&mut self) -> String {
+        if let Ok(s) = &self.idle_sender {
+            return format!(
+                "a watch's idle CPUs' records sent when each window's are taken, by a thread on \
+                 CPU {} (only CPUs holding records are interrupted)",
                 s.cpu
-            ),
-            Err(why) => format!("each CPU sends its records as it goes idle ({why})"),
+            );
+        }
+        match send::load(&mut self.ebpf) {
+            Ok(_) => "a watch's idle CPUs' records sent when each window's are taken, by a \
+                      thread pinned to one CPU (only CPUs holding records are interrupted)"
+                .into(),
+            Err(e) => format!("in a watch each CPU sends its records as it goes idle ({e:#})"),
         }
     }
 

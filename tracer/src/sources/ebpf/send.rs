@@ -2,7 +2,10 @@
 //! need not send theirs at every switch to idle: where threads hand work to each other across
 //! otherwise idle CPUs, that send was a ring-buffer output per handover.
 //!
-//! A thread of its own, pinned to one CPU (the "sender CPU"), runs `send_batch` on other CPUs
+//! A single recording (`attach`, `run`) needs nothing from here: every CPU leaves its batch
+//! when it goes idle, and the end takes what is left from the map. A watch needs each window's
+//! records when the window is assembled: a thread of its own, pinned to one CPU (the "sender
+//! CPU"), runs `send_batch` on other CPUs
 //! when asked (once a window, when its records are taken: `session/windows.rs` `end_cut`) with
 //! BPF_PROG_TEST_RUN and BPF_F_TEST_RUN_ON_CPU (Linux 5.10): the kernel runs it there in an
 //! IPI, with interrupts off, as the batch requires. Only CPUs whose batch holds records are
@@ -55,6 +58,25 @@ const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
 /// the thread gets its CPU), and the end for the thread to stop.
 const WAIT: Duration = Duration::from_millis(100);
 
+/// Loads `send_batch` and checks that the kernel runs a program on a given CPU (Linux 5.10),
+/// without interrupting another: a run on the calling thread's own CPU, which the program
+/// leaves alone (the caller's ID is its own). Should the thread move in between, the run is an
+/// IPI to the CPU it left, and sends that CPU's batch, as a watch's sender would.
+pub fn load(ebpf: &mut Ebpf) -> Result<OwnedFd> {
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut("send_batch")
+        .context("send_batch program")?
+        .try_into()?;
+    if prog.fd().is_err() {
+        prog.load().context("loading send_batch")?;
+    }
+    let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
+    // SAFETY: no arguments.
+    let cpu = unsafe { libc::sched_getcpu() } as u32;
+    run_on(&fd, cpu, gettid()).context("running a program on a given CPU (Linux 5.10)")?;
+    Ok(fd)
+}
+
 /// Runs the program on `cpu`, telling it the caller's thread ID (in whose context it must do
 /// nothing: that is a run on the caller's own CPU, with interrupts on); its return value.
 fn run_on(prog: &OwnedFd, cpu: u32, caller: u32) -> std::io::Result<u32> {
@@ -104,11 +126,10 @@ pub struct IdleSender {
 }
 
 impl IdleSender {
-    /// Loads `send_batch`, starts the thread and, once it has run the program on its own CPU
-    /// (which the kernel takes only where it can run one on another: Linux 5.10), has the
-    /// other CPUs leave their batch to it. An error leaves every CPU sending its own (the
-    /// behaviour before), and says why.
-    pub fn start(ebpf: &mut Ebpf, possible: u32) -> Result<Self> {
+    /// Starts the thread, which runs `send_batch` (`fd`, from `load`) for the CPUs that leave
+    /// their batch to it; its own CPU and those kept free of interruptions send their own. An
+    /// error leaves every CPU sending its own, and says why.
+    pub fn start(ebpf: &mut Ebpf, fd: OwnedFd, possible: u32) -> Result<Self> {
         let kept_free: Vec<u32> = ["isolated", "nohz_full"]
             .iter()
             .filter_map(|f| std::fs::read_to_string(format!("/sys/devices/system/cpu/{f}")).ok())
@@ -128,12 +149,6 @@ impl IdleSender {
         if !online.iter().any(|c| left.contains(c)) {
             bail!("no other CPU to send the batches of");
         }
-        let prog: &mut RawTracePoint = ebpf
-            .program_mut("send_batch")
-            .context("send_batch program")?
-            .try_into()?;
-        prog.load().context("loading send_batch")?;
-        let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
         let (asks, asked) = mpsc::sync_channel::<Ask>(1);
         let (ready, checked) = mpsc::sync_channel(1);
         let sent_to = left.clone();
@@ -142,15 +157,7 @@ impl IdleSender {
         std::thread::Builder::new()
             .name("tracer-idle".into())
             .spawn(move || {
-                // Before anything relies on it, and without interrupting another CPU: a run
-                // on its own CPU, with the flag that asks for a CPU (it does nothing there: the
-                // caller's ID is its own).
-                let check = pin_to(mine)
-                    .context("pinning the idle-batch thread")
-                    .and_then(|()| {
-                        run_on(&fd, mine, gettid())
-                            .context("running a program on a given CPU (Linux 5.10)")
-                    });
+                let check = pin_to(mine).context("pinning the idle-batch thread");
                 let ok = check.is_ok();
                 let _ = ready.send(check);
                 if ok {
@@ -160,7 +167,10 @@ impl IdleSender {
         checked
             .recv_timeout(Duration::from_secs(1))
             .context("the idle-batch thread did not start")??;
-        set_left(ebpf, &left, 1)?;
+        // Every CPU leaves its batch until now (`SchedProbes::load`): the thread's and the
+        // kept-free CPUs send their own from here.
+        let keep: Vec<u32> = (0..possible).filter(|c| !left.contains(c)).collect();
+        set_left(ebpf, &keep, 0)?;
         Ok(Self {
             asks,
             stopped,
