@@ -12,10 +12,10 @@ use aya_ebpf::{
 use crate::maps::{Batch, sends_when_idle};
 
 /// On another CPU than the caller's the kernel runs it in an IPI, with interrupts off, as
-/// `Batch` requires. On the caller's own CPU (the caller is pinned elsewhere, but a cpuset
-/// change can move it) it would run with them on, in the caller's own context: the caller
-/// passes its thread ID as the first argument, and the program does nothing when it is the
-/// task it runs in.
+/// `Batch` requires. On the caller's own CPU (the start's check of the kernel asks for that;
+/// a cpuset change can also move the sender there) it would run with them on, in the caller's
+/// own context: the caller passes its thread ID as the first argument, and the program does
+/// nothing when it is the task it runs in.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn send_batch(ctx: RawTracePointContext) -> i32 {
     let caller: u64 = ctx.arg(0);

@@ -1,6 +1,6 @@
 //! CPU topology from sysfs, to classify migrations: a move between SMT siblings keeps the
 //! caches, one within a last-level cache keeps the LLC, one across LLCs or NUMA nodes loses
-//! them.
+//! them. Also the kernel's CPU lists, and a thread's CPU affinity.
 
 use std::path::Path;
 
@@ -10,12 +10,40 @@ fn read_u32(p: &Path) -> Option<u32> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// The lowest CPU of a cpulist such as "0-3,8-11".
-fn first_of_list(s: &str) -> Option<u32> {
+/// The CPUs of a kernel CPU list such as "0-3,8,10-11" (empty, or `(null)`, for none).
+pub fn cpu_list(s: &str) -> Vec<u32> {
     s.trim()
         .split(',')
-        .filter_map(|r| r.split('-').next()?.parse().ok())
-        .min()
+        .filter_map(|r| match r.split_once('-') {
+            Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
+            None => r.parse().ok().map(|c| c..=c),
+        })
+        .flatten()
+        .collect()
+}
+
+/// The lowest CPU of a cpulist such as "0-3,8-11".
+fn first_of_list(s: &str) -> Option<u32> {
+    cpu_list(s).into_iter().min()
+}
+
+/// Restricts thread `tid` (0: the caller) to `cpus`.
+pub fn set_affinity(tid: u32, cpus: &[usize]) -> anyhow::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it for any CPU below its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        anyhow::ensure!(c < libc::CPU_SETSIZE as usize, "CPU {c} is out of range");
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: the set lives for the call.
+    let rc = unsafe { libc::sched_setaffinity(tid as i32, size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        anyhow::bail!(
+            "setting the CPU affinity of {tid} to {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
 /// The last-level cache of `cpu`: the highest cache index's shared CPU list.
@@ -111,6 +139,13 @@ mod tests {
     #[test]
     fn cpu_lists_give_their_lowest_cpu() {
         assert_eq!(first_of_list("8-11,0-3\n"), Some(0));
+    }
+
+    #[test]
+    fn cpu_lists_are_read() {
+        assert_eq!(cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(cpu_list("\n"), Vec::<u32>::new());
+        assert_eq!(cpu_list("(null)\n"), Vec::<u32>::new());
     }
 
     #[test]

@@ -7,8 +7,9 @@ use std::{thread, time::Duration};
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
 
-use super::server::{set_affinity, set_thread_name};
+use super::server::set_thread_name;
 use crate::sources::clock::monotonic_ns;
+use crate::sources::topology::set_affinity;
 
 #[derive(Debug, Args, Clone)]
 pub struct DisturbArgs {

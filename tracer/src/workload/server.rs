@@ -25,7 +25,10 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 
 use super::work::Work;
-use crate::{recording::requests::RequestSpan, sources::clock::monotonic_ns};
+use crate::{
+    recording::requests::RequestSpan,
+    sources::{clock::monotonic_ns, topology::set_affinity},
+};
 
 #[derive(Debug, Args, Clone)]
 pub struct WorkloadArgs {
@@ -115,25 +118,6 @@ pub fn set_thread_name(name: &str) {
         // SAFETY: PR_SET_NAME reads a NUL-terminated string (truncated to 15 bytes).
         unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr()) };
     }
-}
-
-/// Restricts thread `tid` (0: the caller) to `cpus`.
-pub fn set_affinity(tid: u32, cpus: &[usize]) -> Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it for any CPU below its size.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        anyhow::ensure!(c < libc::CPU_SETSIZE as usize, "CPU {c} is out of range");
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: the set lives for the call.
-    let rc = unsafe { libc::sched_setaffinity(tid as i32, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        anyhow::bail!(
-            "setting the CPU affinity of {tid} to {cpus:?}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
 }
 
 pub fn run(args: WorkloadArgs) -> Result<()> {

@@ -10,13 +10,14 @@ use super::common::{BASELINE, DemoArgs, Outcome, Reaped, outcome, read_log, spaw
 use super::scenario::Scenario;
 use crate::{
     session::{record, runtime},
+    sources::topology::set_affinity,
     sources::{
         clock::monotonic_ns,
         ebpf::requests::{Marker, RequestMarkers},
         process::Target,
         targets::Targets,
     },
-    workload::{limit::CpuLimit, server::set_affinity},
+    workload::limit::CpuLimit,
 };
 
 /// The cfs-throttle scenario's quota. The server needs about 0.33 CPU (300 requests/s x 1 ms,

@@ -151,8 +151,9 @@ pub struct SchedProbes {
     cgroup_offsets: bool,
     /// The tp_btf `sched_switch` program the kernel took (`SWITCH_PROGRAMS`).
     switch_program: &'static str,
-    /// Sends idle CPUs' batches at each window's cut (send.rs); without it every CPU sends its
-    /// own when it goes idle, and why is here.
+    /// A watch's sender of idle CPUs' batches (send.rs), or why there is none: then every CPU
+    /// keeps its batch when idle for the end to take (not a watch), or sends it (a watch
+    /// whose sender could not start or stopped working).
     idle_sender: Result<send::IdleSender, String>,
 }
 

@@ -2,7 +2,7 @@
 //! preemptors, migration routes and losses, and moving dead threads out of the maps.
 
 use anyhow::{Context as _, Result};
-use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuValues};
 use tracer_common::{
     BatchBuf, COUNTER_SLOTS, CudaThread, MigrationKey, Preemptor, ThreadCounters, ThreadState,
     ThreadStats, WakerKey, WakerStats,
@@ -97,10 +97,8 @@ impl SchedProbes {
     /// The records each CPU had gathered but not sent (tracer-ebpf `Batch`), for after the
     /// programs are detached.
     pub fn unsent_batches(&self) -> Result<Vec<Vec<u8>>> {
-        let map: PerCpuArray<_, BatchBuf> =
-            PerCpuArray::try_from(self.ebpf.map("BATCH").context("BATCH map")?)?;
-        Ok(map
-            .get(&0, 0)?
+        Ok(self
+            .batches()?
             .iter()
             .map(|b| b.bytes[..(b.len as usize).min(b.bytes.len())].to_vec())
             .filter(|b| !b.is_empty())
@@ -109,15 +107,20 @@ impl SchedProbes {
 
     /// The CPUs whose batch held records when read (a hint: each CPU keeps appending).
     pub fn cpus_holding_records(&self) -> Result<Vec<u32>> {
-        let map: PerCpuArray<_, BatchBuf> =
-            PerCpuArray::try_from(self.ebpf.map("BATCH").context("BATCH map")?)?;
-        Ok(map
-            .get(&0, 0)?
+        Ok(self
+            .batches()?
             .iter()
             .enumerate()
             .filter(|(_, b)| b.len != 0)
             .map(|(cpu, _)| cpu as u32)
             .collect())
+    }
+
+    /// Each possible CPU's batch, by CPU number.
+    fn batches(&self) -> Result<PerCpuValues<BatchBuf>> {
+        let map: PerCpuArray<_, BatchBuf> =
+            PerCpuArray::try_from(self.ebpf.map("BATCH").context("BATCH map")?)?;
+        Ok(map.get(&0, 0)?)
     }
 
     /// Every thread's totals: the slots in use, and the threads whose slot was taken.

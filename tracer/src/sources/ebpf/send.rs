@@ -5,15 +5,15 @@
 //! A single recording (`attach`, `run`) needs nothing from here: every CPU leaves its batch
 //! when it goes idle, and the end takes what is left from the map. A watch needs each window's
 //! records when the window is assembled: a thread of its own, pinned to one CPU (the "sender
-//! CPU"), runs `send_batch` on other CPUs
-//! when asked (once a window, when its records are taken: `session/windows.rs` `end_cut`) with
-//! BPF_PROG_TEST_RUN and BPF_F_TEST_RUN_ON_CPU (Linux 5.10): the kernel runs it there in an
-//! IPI, with interrupts off, as the batch requires. Only CPUs whose batch holds records are
+//! CPU"), runs `send_batch` on other CPUs when asked (once a window, when its records are
+//! taken: `session/windows.rs` `end_cut`) with BPF_PROG_TEST_RUN and BPF_F_TEST_RUN_ON_CPU
+//! (Linux 5.10): the kernel runs it there in an IPI, with interrupts off, as the batch
+//! requires. Only CPUs whose batch holds records are
 //! asked (the caller reads the batches first), so an idle host is not interrupted at all.
 //! Those CPUs leave their batch to it when they go idle (`IDLE_SENDER`); the sender CPU, and
 //! CPUs kept free of interruptions (`isolated`, `nohz_full`), still send their own. Where the
-//! kernel cannot run a program on another CPU (before 5.10), or there is one CPU, nothing
-//! changes: every CPU sends when idle.
+//! kernel cannot run a program on another CPU (before 5.10), or there is one CPU, every CPU of
+//! a watch sends its own when idle.
 
 use std::{
     os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
@@ -27,6 +27,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
+
+use crate::sources::topology::{cpu_list, set_affinity};
 
 /// `union bpf_attr`'s `test` member (BPF_PROG_TEST_RUN), up to `batch_size`.
 #[repr(C)]
@@ -54,7 +56,7 @@ struct TestRun {
 
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
-/// How long a window's cut waits for the batches to be sent (a few microseconds a CPU when
+/// How long `end_cut` waits for the batches to be sent (a few microseconds a CPU when
 /// the thread gets its CPU), and the end for the thread to stop.
 const WAIT: Duration = Duration::from_millis(100);
 
@@ -157,7 +159,8 @@ impl IdleSender {
         std::thread::Builder::new()
             .name("tracer-idle".into())
             .spawn(move || {
-                let check = pin_to(mine).context("pinning the idle-batch thread");
+                let check =
+                    set_affinity(0, &[mine as usize]).context("pinning the idle-batch thread");
                 let ok = check.is_ok();
                 let _ = ready.send(check);
                 if ok {
@@ -179,14 +182,13 @@ impl IdleSender {
         })
     }
 
-    /// Sends the batches of `cpus` (those of them left to it) now: their records are in the
+    /// Sends the batches of `cpus` (those of them left to it: `send_on`) now: their records are in the
     /// ring buffer when this returns. Waits at most `WAIT`: a thread kept off its CPU (a
     /// real-time task pinned there) must not hold up the window; records not sent in time are
     /// counted late. An error says why it can send no more (its thread has left its CPU, or
     /// the kernel refused a run): the CPUs must send their own again.
     pub fn send(&self, cpus: Vec<u32>) -> Result<(), String> {
         // Asked even with no CPU to send for: the thread checks that it is still on its CPU.
-        let cpus: Vec<u32> = cpus.into_iter().filter(|c| self.left.contains(c)).collect();
         let (done, wait) = mpsc::sync_channel(1);
         // Full: the last ask is still being served.
         if self.asks.try_send(Ask::Send(cpus, done)).is_err() {
@@ -275,31 +277,6 @@ fn online_cpus() -> Vec<u32> {
     aya::util::online_cpus().unwrap_or_default()
 }
 
-/// A kernel CPU list (`0-3,8,10-11`; empty or `(null)` for none).
-fn cpu_list(s: &str) -> Vec<u32> {
-    s.trim()
-        .split(',')
-        .filter_map(|r| match r.split_once('-') {
-            Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
-            None => r.parse().ok().map(|c| c..=c),
-        })
-        .flatten()
-        .collect()
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_to(cpu: u32) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (`cpu` is an online CPU, below
-    // CPU_SETSIZE); the set lives for the call.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// The CPUs this process may run on (its affinity: a container's cpuset, taskset).
 fn allowed_cpus() -> Vec<u32> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
@@ -312,16 +289,4 @@ fn allowed_cpus() -> Vec<u32> {
         .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
         .map(|c| c as u32)
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cpu_list;
-
-    #[test]
-    fn cpu_lists_are_read() {
-        assert_eq!(cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
-        assert_eq!(cpu_list("\n"), Vec::<u32>::new());
-        assert_eq!(cpu_list("(null)\n"), Vec::<u32>::new());
-    }
 }
