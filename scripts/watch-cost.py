@@ -15,7 +15,10 @@ program's runs a second and ns a run, busiest first) and the medians.
 
 Environment: INTERVAL_S (window length, 5) and WINDOWS (windows measured, 6); TARGETS (a comma
 list of `idle` and `100k switches/s`, both by default); PIN (a CPU list for `taskset -c`: the
-busy target's two threads on those CPUs only, e.g. one CPU, where no handover crosses cores).
+busy target's two threads on those CPUs only, e.g. one CPU, where no handover crosses cores);
+FLOOR=1 measures `TRACER floor` instead of a watch: empty programs on the same tracepoints,
+what any program there costs on this kernel before doing anything (the time points are then
+INTERVAL_S apart from the floor's attach, as no window lines come).
 """
 
 import json
@@ -28,6 +31,7 @@ import time
 
 INTERVAL_S = int(os.environ.get("INTERVAL_S", "5"))
 WINDOWS = int(os.environ.get("WINDOWS", "6"))
+FLOOR = os.environ.get("FLOOR") == "1"
 STATS = "/proc/sys/kernel/bpf_stats_enabled"
 
 
@@ -77,18 +81,28 @@ def rss(pid):
 
 
 def once(tracer, target, extra):
+    cmd = [tracer, "floor"] if FLOOR else [tracer, "watch", "-p", str(target), "-i", f"{INTERVAL_S}s", *extra]
     w = subprocess.Popen(
-        [tracer, "watch", "-p", str(target), "-i", f"{INTERVAL_S}s", *extra],
+        cmd,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE if FLOOR else subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
         text=True,
     )
     lines = []
 
     def read():
-        for _ in w.stdout:
+        if not FLOOR:
+            for _ in w.stdout:
+                lines.append(time.monotonic())
+            return
+        # The floor prints no windows: a time point every INTERVAL_S from its attach.
+        for line in w.stderr:
+            if "attached" in line:
+                break
+        while w.poll() is None:
             lines.append(time.monotonic())
+            time.sleep(INTERVAL_S)
 
     threading.Thread(target=read, daemon=True).start()
 
@@ -97,7 +111,7 @@ def once(tracer, target, extra):
         while len(lines) < n:
             if time.monotonic() > end or w.poll() is not None:
                 w.kill()
-                raise SystemExit(f"tracer watch printed {len(lines)} windows, not {n}")
+                raise SystemExit(f"{' '.join(cmd[:2])} gave {len(lines)} time points, not {n}")
             time.sleep(0.01)
         return lines[n - 1]
 
