@@ -223,9 +223,12 @@ fn inject(
             // most 3 ms), so a request that arrives behind a hog waits out a slice. With 1-ms
             // bursts the tail only about doubled on a 2-CPU host, too close to the baseline's
             // own noise to tell the cause from it; 3-ms bursts raised it 3.3-4.1x there. Each
-            // hog still takes a third of the CPU, so the server keeps up.
+            // hog still takes a third of the CPU, so the server keeps up. Real-time hogs, so
+            // that the waits are the same under CFS (before 6.6), where a waking server thread
+            // often preempted hogs of its own class (`disturb spin --fifo`).
             say(format!(
-                "injected: two CPU hogs on CPU {cpu}, each spinning 3 ms and sleeping 6 ms"
+                "injected: two real-time CPU hogs on CPU {cpu}, each spinning 3 ms and sleeping \
+                 6 ms"
             ));
             Some(spawn_self(&[
                 "disturb".into(),
@@ -233,6 +236,7 @@ fn inject(
                 "--threads=2".into(),
                 "--burst=3ms".into(),
                 "--pause=6ms".into(),
+                "--fifo".into(),
                 format!("--cpus={cpu}"),
                 disturb_for,
             ])?)
