@@ -81,7 +81,10 @@ def rss(pid):
 
 
 def once(tracer, target, extra):
-    cmd = [tracer, "floor"] if FLOOR else [tracer, "watch", "-p", str(target), "-i", f"{INTERVAL_S}s", *extra]
+    if FLOOR:
+        cmd = [tracer, "floor"]
+    else:
+        cmd = [tracer, "watch", "-p", str(target), "-i", f"{INTERVAL_S}s", *extra]
     w = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -150,6 +153,8 @@ def main():
         i = args.index("--")
         args, extra = args[:i], args[i + 1 :]
     tracer, testload = args[0], args[1]
+    if FLOOR and extra:
+        sys.exit("watch-cost.py: FLOOR=1 runs `tracer floor`, which takes no watch options")
     rounds = int(args[2]) if len(args) > 2 else 3
     old = open(STATS).read().strip()
     open(STATS, "w").write("1")
