@@ -94,15 +94,19 @@ fn build(tools: &Path) -> Result<PathBuf> {
     let mut paths = vec![tools.to_path_buf()];
     paths.extend(std::env::split_paths(&path));
     let glibc = format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1);
-    run(cargo().env("PATH", std::env::join_paths(paths)?).args([
-        "zigbuild",
-        "--release",
-        "-p",
-        "tracer",
-        "--target",
-        &glibc,
-    ]))?;
-    Ok(workspace_root().join(format!("target/{TARGET}/release/tracer")))
+    // Not stripped by the linker: zig's takes rustc's default `--strip-debug` for a full strip,
+    // which also drops the symbol table. The symbols are what a backtrace names functions
+    // by, and what `tracer demo` finds its own server's request markers by (uprobes on
+    // `tracer_request_start`/`_end`): the debug information alone is stripped below.
+    run(cargo()
+        .env("PATH", std::env::join_paths(paths)?)
+        .env("CARGO_PROFILE_RELEASE_STRIP", "none")
+        .args(["zigbuild", "--release", "-p", "tracer", "--target", &glibc]))?;
+    let bin = workspace_root().join(format!("target/{TARGET}/release/tracer"));
+    // In place, and idempotent: a build that relinks nothing leaves the binary as it was.
+    run(Command::new("objcopy").arg("--strip-debug").arg(&bin))
+        .context("objcopy --strip-debug (binutils) on the release binary")?;
+    Ok(bin)
 }
 
 /// Fails when the binary asks for a glibc symbol version newer than GLIBC (the whole point
@@ -203,7 +207,16 @@ fn tarball(bin: &Path, generated: &Path, version: &str) -> Result<PathBuf> {
 fn deb() -> Result<PathBuf> {
     let out = crate::output(
         cargo()
-            .args(["deb", "-p", "tracer", "--no-build", "--target", TARGET])
+            // The binary as built, whatever cargo-deb's default: its symbols stay (`build`).
+            .args([
+                "deb",
+                "-p",
+                "tracer",
+                "--no-build",
+                "--no-strip",
+                "--target",
+                TARGET,
+            ])
             .arg("--output")
             .arg(dir()),
     )
