@@ -314,6 +314,13 @@ fn render(r: &Report) -> String {
 }
 
 pub fn run(args: DoctorArgs) -> Result<()> {
+    // A process that is not there has no libcuda and no cgroup: saying only that would read as
+    // a finding about it.
+    if let Some(pid) = args.pid
+        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    {
+        anyhow::bail!("no process with PID {pid} (in /proc): give the PID of a running process");
+    }
     // The probes register their ring buffer with tokio even when only loaded.
     let rt = crate::session::runtime()?;
     let r = {
