@@ -531,3 +531,170 @@ fn a_signal_after_the_window_ends_the_tool_at_once() {
     assert!(report.status.success(), "{}", report.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_output_never_replaces_an_input() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("inputs");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let trace = dir.join("rec.trace");
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "500ms",
+        "-q",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let bytes = std::fs::read(&trace).unwrap();
+    // `report` asked to write its page over the trace it reads, by another spelling too.
+    for (flag, path) in [
+        ("--html", trace.clone()),
+        ("--perfetto", dir.join(".").join("rec.trace")),
+    ] {
+        let out = run_tracer(&[
+            "report",
+            trace.to_str().unwrap(),
+            flag,
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("would replace the trace file"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(
+            std::fs::read(&trace).unwrap(),
+            bytes,
+            "{flag} replaced the trace"
+        );
+    }
+    // A recording whose trace file would replace the latency log it reads at the end.
+    let log = dir.join("lat.jsonl");
+    std::fs::write(&log, "{\"start_ns\": 1, \"end_ns\": 2}\n").unwrap();
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &pid,
+        "-d",
+        "500ms",
+        "-o",
+        log.to_str().unwrap(),
+        "--latencies",
+        log.to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 2, "would replace the latency log");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "{\"start_ns\": 1, \"end_ns\": 2}\n"
+    );
+    // An input that is not a regular file is refused, not read (a FIFO would block forever).
+    let fifo = dir.join("fifo");
+    mknod(&fifo, libc::S_IFIFO | 0o600, 0);
+    let started = Instant::now();
+    let out = run_tracer(&["report", fifo.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("is a FIFO, not a regular file"),
+        "{}",
+        out.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A signal while the probes load (the first ~0.2 s, before the tool says it is recording)
+/// ends the window as soon as it opens: it was lost (SIGINT: the recording ran its whole
+/// duration) or killed the tool with its trace file just begun (SIGTERM: exit 143, a `.tmp`).
+#[test]
+fn a_signal_while_the_probes_load_ends_the_recording_cleanly() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("early-signal");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let trace = dir.join(format!("r{sig}.trace"));
+        let child = Command::new(tracer_bin())
+            .args([
+                "attach",
+                "-p",
+                &pid,
+                "-d",
+                "30s",
+                "-o",
+                trace.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Past the process's start, inside the probes' loading (longer than this in every
+        // build measured; a signal after it is the ordinary case, handled the same way).
+        std::thread::sleep(Duration::from_millis(60));
+        let sent = Instant::now();
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "signal {sig}: {:?}",
+            sent.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(0), "signal {sig}: {stderr}");
+        assert!(stdout.contains("stopped early by a signal"), "{stdout}");
+        assert!(
+            !output_tmp(&trace).exists(),
+            "signal {sig} left the temporary file"
+        );
+        let report = run_tracer(&["report", trace.to_str().unwrap(), "--json"]);
+        assert!(report.status.success(), "{}", report.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A watch's exporter address in use is refused before the probes are attached, and leaves no
+/// trace file begun (which the next recording would take for a leftover).
+#[test]
+fn a_watch_refused_its_address_attaches_nothing_and_leaves_no_file() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("busy-port");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let trace = dir.join("w.trace");
+    let out = run_tracer(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "-c",
+        "1",
+        "--prometheus",
+        &addr,
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    refused_before_recording(&out, 1, "cannot listen there");
+    assert!(!trace.exists() && !output_tmp(&trace).exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn output_tmp(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}

@@ -190,9 +190,11 @@ impl OutputArgs {
         v
     }
 
-    /// Checks the files before any work is done (`report` reads the trace first).
-    pub fn check(&self) -> anyhow::Result<()> {
-        crate::trace::output::check_all(&self.paths())
+    /// Checks the files before any work is done (`report` reads the trace first); none may
+    /// replace one of the command's `inputs`.
+    pub fn check(&self, inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
+        crate::trace::output::check_all(&self.paths())?;
+        crate::trace::output::check_not_inputs(&self.paths(), inputs)
     }
 }
 
@@ -216,6 +218,7 @@ impl RecordArgs {
         crate::trace::output::check_all(&paths)?;
         if let Some(p) = &self.requests.latencies {
             check_latency_log(p, log_may_not_exist)?;
+            crate::trace::output::check_not_inputs(&paths, &[("the latency log", p)])?;
         }
         Ok(())
     }

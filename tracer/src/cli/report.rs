@@ -26,10 +26,13 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    args.outputs.check()?;
+    crate::trace::output::check_input("the trace file", &args.file)?;
+    let mut inputs = vec![("the trace file", args.file.as_path())];
     if let Some(p) = &args.latencies {
         super::args::check_latency_log(p, false)?;
+        inputs.push(("the latency log", p.as_path()));
     }
+    args.outputs.check(&inputs)?;
     let contents = reader::read(&args.file)?;
     let damage = contents.damage.clone();
     let complete = contents.complete && contents.final_recording.is_some();

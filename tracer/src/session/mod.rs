@@ -216,6 +216,12 @@ impl<'o> Session<'o> {
         opts: &'o SessionOptions,
         attached: impl FnOnce() -> Result<()>,
     ) -> Result<Self> {
+        // Caught from the start: loading the probes takes a while (0.2 s here, more with a
+        // large libcuda), and a signal then was lost (SIGINT, to a handler registered earlier
+        // in the process, whose stream did not exist yet) or killed the tool with its trace
+        // file just begun (SIGTERM). Now it ends the window as soon as it opens.
+        let interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         privileges::check()?;
         // The first process given names the recording; every source covers every member: the
         // CUDA and marker uprobes (on each distinct library file), NVML's processes, and the
@@ -266,8 +272,6 @@ impl<'o> Session<'o> {
             .collect();
         let throttle = ThrottleSet::new(&pid_pairs);
         let exit_fd = exit_watch(target);
-        let interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-        let terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let host = host::host_meta(&cpus);
 
         // The CUDA probes first: attaching them takes a while with a large libcuda, and they

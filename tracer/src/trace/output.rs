@@ -27,22 +27,27 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// What an existing path is, in words, when it is not something an output may replace.
 fn not_replaceable(path: &Path) -> Option<&'static str> {
     let ft = std::fs::symlink_metadata(path).ok()?.file_type();
+    (!ft.is_file()).then(|| describe(ft))
+}
+
+/// A file type, in words.
+fn describe(ft: std::fs::FileType) -> &'static str {
     if ft.is_file() {
-        None
+        "a regular file"
     } else if ft.is_symlink() {
-        Some("a symbolic link")
+        "a symbolic link"
     } else if ft.is_dir() {
-        Some("a directory")
+        "a directory"
     } else if ft.is_char_device() {
-        Some("a character device")
+        "a character device"
     } else if ft.is_block_device() {
-        Some("a block device")
+        "a block device"
     } else if ft.is_fifo() {
-        Some("a FIFO")
+        "a FIFO"
     } else if ft.is_socket() {
-        Some("a socket")
+        "a socket"
     } else {
-        Some("not a regular file")
+        "not a regular file"
     }
 }
 
@@ -130,6 +135,52 @@ pub fn check_all(outputs: &[(&str, &Path)]) -> Result<()> {
     Ok(())
 }
 
+/// Whether writing output `out` would destroy `input`: the same path, the same file under
+/// another name (a hard link, or a symbolic link to it), or the output's temporary file, which
+/// is created beside it and renamed over it.
+fn destroys(out: &Path, input: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (o, i) = (identity(out), identity(input));
+    let file = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let same = |a: &Path| file(a).is_some() && file(a) == file(input);
+    o == i || temp_path(&o) == i || same(out) || same(&temp_path(out))
+}
+
+/// Refuses an output that would replace one of the command's inputs (the trace `report`
+/// reads, a latency log): the finished output is renamed over its path, and the input would
+/// be lost. A usage error, found before anything is read or recorded.
+pub fn check_not_inputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    for (flag, out) in outputs {
+        if let Some((what, input)) = inputs.iter().find(|(_, i)| destroys(out, i)) {
+            return Err(TracerError::Usage {
+                message: format!(
+                    "{flag} {} would replace {what} {}, which this command reads: give the \
+                     output another path",
+                    out.display(),
+                    input.display()
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an input that is not a regular file (a FIFO would block the tool, a directory or
+/// device is not a file it wrote), saying what it is; `what` names it in the message.
+pub fn check_input(what: &str, path: &Path) -> Result<()> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        let kind = describe(meta.file_type());
+        bail!(
+            "{what} {} is {kind}, not a regular file: give the path of the file itself",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Renames a finished temporary file over `path`, unless `path` became something other than
 /// a regular file since it was checked. The temporary file is left where it is on failure:
 /// it holds the output.
@@ -176,6 +227,42 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn an_output_may_not_replace_an_input_under_any_name() {
+        let d = scratch("inputs");
+        let trace = d.join("rec.trace");
+        std::fs::write(&trace, b"x").unwrap();
+        let hard = d.join("hard");
+        std::fs::hard_link(&trace, &hard).unwrap();
+        let soft = d.join("soft");
+        std::os::unix::fs::symlink(&trace, &soft).unwrap();
+        let dotted = d.join(".").join("rec.trace");
+        let partial = d.join("rec.trace.tmp");
+        std::fs::write(&partial, b"x").unwrap();
+        let input = [("the trace", trace.as_path())];
+        for out in [&trace, &dotted, &hard] {
+            let err = check_not_inputs(&[("--html", out)], &input).unwrap_err();
+            assert!(err.to_string().contains("would replace the trace"), "{err}");
+        }
+        // The input read through a link to it, or a recording's leftover read while its final
+        // path is written (whose temporary file it is).
+        assert!(check_not_inputs(&[("--html", &trace)], &[("the trace", &soft)]).is_err());
+        assert!(check_not_inputs(&[("--html", &trace)], &[("the trace", &partial)]).is_err());
+        // Another file is fine, existing or not.
+        check_not_inputs(&[("--html", &d.join("page.html"))], &input).unwrap();
+        check_not_inputs(&[("--html", &partial)], &input).unwrap();
+        let fifo = d.join("p");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo reads the path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = check_input("the trace", &fifo).unwrap_err().to_string();
+        assert!(err.contains("a FIFO, not a regular file"), "{err}");
+        let err = check_input("the trace", &d).unwrap_err().to_string();
+        assert!(err.contains("a directory"), "{err}");
+        check_input("the trace", &soft).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

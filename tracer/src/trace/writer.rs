@@ -34,6 +34,8 @@ pub struct TraceWriter {
     last_flush: Instant,
     /// The first write error: later writes are skipped, `finish` reports it.
     failed: Option<String>,
+    /// The window's description is written (`meta`): from then on the file holds a recording.
+    opened: bool,
 }
 
 fn cbor<T: serde::Serialize>(v: &T) -> Vec<u8> {
@@ -74,7 +76,11 @@ impl TraceWriter {
         }
         super::output::own_by_invoker(&file);
         let mut out = BufWriter::new(file);
-        write_header(&mut out).with_context(|| format!("writing {}", tmp.display()))?;
+        if let Err(e) = write_header(&mut out).and_then(|()| out.flush()) {
+            // Nothing recorded yet (a full disk, say): no leftover to stand in the way.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("writing {}", tmp.display()));
+        }
         Ok(Self {
             out: Some(out),
             tmp,
@@ -84,6 +90,7 @@ impl TraceWriter {
             cgroup: Vec::new(),
             last_flush: Instant::now(),
             failed: None,
+            opened: false,
         })
     }
 
@@ -97,6 +104,7 @@ impl TraceWriter {
     }
 
     pub fn meta(&mut self, meta: &TraceMeta) {
+        self.opened = true;
         self.frame(FrameKind::Meta, &cbor(meta), false);
         // Out now: a tracer killed in its first second leaves a file `report` can name.
         self.flush();
@@ -276,7 +284,15 @@ fn leftover(tmp: &Path) -> Result<()> {
 
 impl Drop for TraceWriter {
     fn drop(&mut self) {
-        // Not finished (an error path): keep what was recorded, complete frames only.
+        // Not finished (an error path): keep what was recorded, complete frames only. Before
+        // the window opened (`meta`) nothing was: a file of a header alone would only stand
+        // in the next recording's way as a leftover, so it goes.
+        if !self.opened {
+            if self.out.take().is_some() {
+                let _ = std::fs::remove_file(&self.tmp);
+            }
+            return;
+        }
         self.flush();
     }
 }

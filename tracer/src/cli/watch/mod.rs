@@ -100,6 +100,9 @@ pub fn run(args: WatchArgs) -> Result<()> {
     }
     if let Some(p) = &args.log {
         out::check(p)?;
+        if let Some(l) = &args.record.requests.latencies {
+            crate::trace::output::check_not_inputs(&[("--log", p)], &[("the latency log", l)])?;
+        }
     }
     if args.keep.is_some() && !args.flight_dir.is_dir() {
         return Err(crate::error::TracerError::Usage {
@@ -161,31 +164,35 @@ impl Sinks {
 }
 
 async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Result<()> {
-    let mut session = Session::open(targets, opts, || Ok(()))?;
+    // The sinks that can be refused (an address in use, a log that cannot be opened) before
+    // the probes: a refusal must not cost an attach, nor leave a trace file begun.
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let exporter = match args.prometheus {
+        Some(a) => Some(serve::Exporter::start(a, Arc::clone(&metrics), trigger_tx)?),
+        None => None,
+    };
+    let out = out::Out::open(args.log.as_deref())?;
+    let otlp = match &args.otlp {
+        Some(e) => Some(otlp::Otlp::start(e, targets)?),
+        None => None,
+    };
+    let mut session = Session::open(targets, opts, || Ok(()))?;
     session.handle_signals(trigger_rx)?;
     // Only a process given ends the watch by exiting; a cgroup's processes come and go.
     let given = session.targets().given;
     if given == 0 {
         session.ignore_target_exit();
     }
-    let metrics = Arc::new(Metrics::new());
-    let exporter = match args.prometheus {
-        Some(a) => Some(serve::Exporter::start(a, Arc::clone(&metrics), trigger_tx)?),
-        None => None,
-    };
     if let (Some(e), false) = (&exporter, args.record.quiet) {
         eprintln!("tracer: serving http://{}/metrics", e.addr);
     }
     let mut sinks = Sinks {
-        out: out::Out::open(args.log.as_deref())?,
+        out,
         json: args.record.json,
         latencies: args.record.requests.latencies.clone(),
         metrics,
-        otlp: match &args.otlp {
-            Some(e) => Some(otlp::Otlp::start(e, targets)?),
-            None => None,
-        },
+        otlp,
         windows: 0,
         flight: args.keep.map(|keep| {
             flight::Flight::new(flight::Settings {
