@@ -33,6 +33,21 @@ fn spinner() -> Kill {
     )
 }
 
+/// A trace file of a short recording of `pid`.
+fn record_briefly(pid: &str, trace: &Path) {
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        pid,
+        "-d",
+        "300ms",
+        "-q",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
 fn mknod(path: &Path, mode: libc::mode_t, dev: libc::dev_t) {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: mknod reads the path we own.
@@ -105,17 +120,7 @@ fn devices_and_fifos_are_never_replaced() {
 
     // `report` checks its outputs before reading the trace.
     let trace = dir.join("r.trace");
-    let out = run_tracer(&[
-        "attach",
-        "-p",
-        &pid,
-        "-d",
-        "300ms",
-        "-q",
-        "-o",
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", out.stderr);
+    record_briefly(&pid, &trace);
     let out = run_tracer(&[
         "report",
         trace.to_str().unwrap(),
@@ -540,17 +545,7 @@ fn an_output_never_replaces_an_input() {
     let target = sleeper();
     let pid = target.0.id().to_string();
     let trace = dir.join("rec.trace");
-    let out = run_tracer(&[
-        "attach",
-        "-p",
-        &pid,
-        "-d",
-        "500ms",
-        "-q",
-        "-o",
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", out.stderr);
+    record_briefly(&pid, &trace);
     let bytes = std::fs::read(&trace).unwrap();
     // `report` asked to write its page over the trace it reads, by another spelling too.
     for (flag, path) in [
