@@ -288,8 +288,11 @@ impl Drop for TraceWriter {
         // the window opened (`meta`) nothing was: a file of a header alone would only stand
         // in the next recording's way as a leftover, so it goes.
         if !self.opened {
-            if self.out.take().is_some() {
+            // Removed while still locked: once closed, another tracer given the same path could
+            // take it for a leftover, replace it, and lose its own file to this removal.
+            if let Some(out) = self.out.take() {
                 let _ = std::fs::remove_file(&self.tmp);
+                drop(out);
             }
             return;
         }
