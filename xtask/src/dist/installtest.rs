@@ -142,8 +142,8 @@ fn check(read: &dyn Fn(&str) -> String) -> Result<()> {
 }
 
 /// The requests the installed `tracer demo` saw through the uprobes on its own server's
-/// markers: a packaged binary without its symbols finds none and fails (seen: cargo-deb's and
-/// zig's strips). How right the verdict is stays the scenario suite's business.
+/// markers: a packaged binary without its symbols finds none and fails (seen: zig's linker
+/// stripped the symbol table whole). How right the verdict is stays the scenario suite's business.
 fn demo_requests(read: &dyn Fn(&str) -> String) -> Result<u64> {
     let demo: serde_json::Value = serde_json::from_str(&read("demo.json")).with_context(|| {
         format!(
