@@ -89,7 +89,8 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "  run-queue waits: {}  p50 {}  p99 {}  max {}{}",
+        // Only complete waits: one open at either edge counts in the time above, not here.
+        "  run-queue waits (complete): {}  p50 {}  p99 {}  max {}{}",
         t.runq_waits,
         opt_dur(t.runq_wait_p50_ns),
         opt_dur(t.runq_wait_p99_ns),
@@ -270,7 +271,14 @@ pub fn render(r: &Report) -> String {
     gpu(&mut out, s);
     super::ranks::ranks(&mut out, s);
 
-    if s.preemptors.is_empty() {
+    if s.preemptors.is_empty() && s.incomplete.is_some() {
+        // They are counted in the kernel and arrive in the final frame, which this file lacks.
+        let _ = writeln!(
+            out,
+            "\nWhat ran while the target's threads waited for a CPU is not known: it was in \
+             the trace file's missing final frame."
+        );
+    } else if s.preemptors.is_empty() {
         let _ = writeln!(
             out,
             "\nNo task ran while the target's threads waited for a CPU."

@@ -24,6 +24,12 @@ use evidence::ms;
 /// Causes below this share are left out of the ranking: too small to act on.
 pub const MIN_SHARE: f64 = 0.10;
 
+/// A window shorter than this cannot rule a cause out: NVML's utilization sample covers up to
+/// 1 s, a CFS bandwidth period is 100 ms (ten of them here), and Python's GC or a burst of
+/// neighbours comes every few seconds. What it measured stands; what it did not see is not
+/// called absent (docs/ATTRIBUTION.md).
+pub const MIN_WINDOW_NS: u64 = 1_000_000_000;
+
 fn ranked(mut causes: Vec<Cause>, min_share: f64) -> Vec<Cause> {
     causes.retain(|c| c.share >= min_share && c.share > 0.0);
     causes.sort_by(|a, b| b.share.total_cmp(&a.share));
@@ -202,6 +208,21 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
                 .into(),
         );
     }
+    if s.duration_ns < MIN_WINDOW_NS {
+        add(
+            "window_length",
+            format!(
+                "the window was {} (under 1 s): too short to rule out causes that recur less \
+                 often (cgroup quota periods, GPU utilization samples, GC); what it measured \
+                 stands: record longer (-d) to judge the rest",
+                ms(s.duration_ns as f64)
+            ),
+        );
+    }
+    if let Some(why) = &s.incomplete {
+        // Its own words say what was lost (the final frame: preemptors, exact totals).
+        add("complete_recording", why.clone());
+    }
     if s.dropped_events > 0 {
         add(
             "complete_timeline",
@@ -245,17 +266,34 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
     } else {
         format!(" (not measured: {})", missing.join(", ").replace('_', " "))
     };
+    // "No impediment" claims an absence: say what it rests on when that is little.
+    let mut little = String::new();
+    if na.iter().any(|n| n.signal == "window_length") {
+        little += &format!(" in only {}", ms(s.duration_ns as f64));
+    }
+    if na.iter().any(|n| n.signal == "complete_recording") {
+        little += " of an unfinished trace file";
+    }
     match (primary, causes.first()) {
+        (Primary::None, _) if s.duration_ns == 0 => {
+            "Nothing to judge: the recording covers no time (an unfinished trace file, or a \
+             zero-length window)."
+                .into()
+        }
         (Primary::None, _) => match latency {
             Some(l) => {
-                format!("No significant jitter: {l}; no impediment above threshold{unmeasured}.")
+                format!(
+                    "No significant jitter{little}: {l}; no impediment above \
+                     threshold{unmeasured}."
+                )
             }
             None => format!(
-                "No impediment above threshold: the threads got the CPU when they wanted it{unmeasured}."
+                "No impediment above threshold{little}: the threads got the CPU when they wanted \
+                 it{unmeasured}."
             ),
         },
         (Primary::Unexplained, c) => format!(
-            "Unexplained jitter: {}; {}{unmeasured}.",
+            "Unexplained jitter{little}: {}; {}{unmeasured}.",
             latency.unwrap_or_default(),
             c.map_or(
                 "no measured signal accounts for the tail".into(),

@@ -759,3 +759,58 @@ fn the_late_rank_is_named_and_its_spinning_peer_is_not_gpu_saturation() {
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::GpuSaturation, "{v:#?}");
 }
+
+/// An absence is claimed only from a window long enough to show one: a short window says how
+/// little it rests on, an unfinished trace file says so, and no time at all judges nothing.
+#[test]
+fn absence_claims_say_what_they_rest_on() {
+    // Requests of 1 ms each, back to back.
+    let served = |n: usize| {
+        let mut s = Server::new();
+        s.serve(n, 1000, &NORMAL, &NORMAL);
+        s.finish(vec![])
+    };
+    let short = verdict(&served(200));
+    assert_eq!(short.primary, Primary::None, "{short:?}");
+    assert!(short.headline.contains(" in only "), "{}", short.headline);
+    assert!(
+        short
+            .not_assessed
+            .iter()
+            .any(|n| n.signal == "window_length"),
+        "{short:?}"
+    );
+
+    let whole = verdict(&served(2000));
+    assert_eq!(whole.primary, Primary::None, "{whole:?}");
+    assert!(!whole.headline.contains("in only"), "{}", whole.headline);
+    assert!(
+        !whole
+            .not_assessed
+            .iter()
+            .any(|n| n.signal == "window_length")
+    );
+
+    let mut cut = served(2000);
+    cut.incomplete = Some("the file is cut short at byte 545".into());
+    let cut = verdict(&cut);
+    assert!(
+        cut.headline.contains("of an unfinished trace file"),
+        "{}",
+        cut.headline
+    );
+    let na = cut
+        .not_assessed
+        .iter()
+        .find(|n| n.signal == "complete_recording");
+    assert_eq!(na.unwrap().reason, "the file is cut short at byte 545");
+
+    let mut empty = recording(vec![], vec![]);
+    empty.end_ns = empty.start_ns;
+    let empty = verdict(&empty);
+    assert!(
+        empty.headline.starts_with("Nothing to judge"),
+        "{}",
+        empty.headline
+    );
+}
