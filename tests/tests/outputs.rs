@@ -687,3 +687,60 @@ fn a_watch_refused_its_address_attaches_nothing_and_leaves_no_file() {
     assert!(!trace.exists() && !dir.join("w.trace.tmp").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Unmounts on drop, so a failed assertion leaves no mount behind.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The flight recorder writes only when a tail comes, maybe days into a watch: a directory it
+/// cannot write to (here a read-only mount, which root's access(2) would pass) is refused at
+/// the start, before anything is attached, and the probe file it tried is not left behind.
+#[test]
+fn a_flight_dir_that_cannot_be_written_is_refused_at_the_start() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("flight-ro");
+    let ro = dir.join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(&ro)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a read-only tmpfs");
+    let mounted = Mounted(ro.clone());
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    let watch = |flight: &Path| {
+        run_tracer(&[
+            "watch",
+            "-p",
+            &pid,
+            "-i",
+            "1s",
+            "-c",
+            "1",
+            "--keep",
+            "10s",
+            "--flight-dir",
+            flight.to_str().unwrap(),
+        ])
+    };
+    let out = watch(&ro);
+    refused_before_recording(&out, 2, "cannot create a file there (Read-only file system");
+    drop(mounted);
+    // The same directory, writable now: the watch runs, and the probe file is gone.
+    let out = watch(&ro);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(
+        std::fs::read_dir(&ro).unwrap().count(),
+        0,
+        "files left in --flight-dir"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -104,14 +104,8 @@ pub fn run(args: WatchArgs) -> Result<()> {
             crate::trace::output::check_not_inputs(&[("--log", p)], &[("the latency log", l)])?;
         }
     }
-    if args.keep.is_some() && !args.flight_dir.is_dir() {
-        return Err(crate::error::TracerError::Usage {
-            message: format!(
-                "--flight-dir {}: not a directory; give an existing directory to write to",
-                args.flight_dir.display()
-            ),
-        }
-        .into());
+    if args.keep.is_some() {
+        check_flight_dir(&args.flight_dir)?;
     }
     let targets = args.target.resolve(&args.record)?;
     let mut opts = args.record.session_options(None);
@@ -119,6 +113,33 @@ pub fn run(args: WatchArgs) -> Result<()> {
     opts.flight = args.keep.map(|_| (args.keep_max_mib as usize) << 20);
     opts.windows = true;
     runtime()?.block_on(watch(&args, &targets, &opts))
+}
+
+/// The flight recorder writes only when the bad minute comes, maybe days later: a directory
+/// it cannot write to must fail now, not then. Creating a file is the only test that sees a
+/// read-only mount, a full disk of inodes or a permission root lacks (access(2) passes root).
+fn check_flight_dir(dir: &std::path::Path) -> Result<()> {
+    let usage = |why: String| crate::error::TracerError::Usage {
+        message: format!(
+            "--flight-dir {}: {why}; give a directory the tracer can write to",
+            dir.display()
+        ),
+    };
+    if !dir.is_dir() {
+        return Err(usage("not a directory".into()).into());
+    }
+    let probe = dir.join(format!(".tracer-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(usage(format!("cannot create a file there ({e})")).into()),
+    }
 }
 
 /// What every window goes to.
