@@ -120,6 +120,9 @@ fn invalid_options_are_usage_errors() {
             "counters",
         ),
         (&["attach", "--pid", "x"][..], "pid"),
+        (&["attach", "-p", "-5"][..], "-5 is not in 1.."),
+        // An unset shell variable would otherwise name the root cgroup: the whole host.
+        (&["attach", "--cgroup", ""][..], "the path is empty"),
         (&["attach", "--pid", "1", "--bogus"][..], "--bogus"),
         (&["report"][..], "FILE"),
     ] {

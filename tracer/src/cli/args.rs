@@ -32,6 +32,8 @@ pub struct TargetArgs {
         short,
         required_unless_present = "cgroup",
         value_delimiter = ',',
+        // `-p -5` then says the value is out of range, not "unexpected argument".
+        allow_negative_numbers = true,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub pid: Vec<u32>,

@@ -120,7 +120,11 @@ impl GatedChild {
             } else {
                 126
             };
-            self.try_reap();
+            // It writes errno and exits at once: wait for that, not a WNOHANG that can come
+            // first and leave the zombie to be reparented.
+            let mut status = 0;
+            // SAFETY: waitpid on our own child, which is exiting.
+            unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
             return Err(TracerError::Exec {
                 message: format!("cannot run {command}: {err}"),
                 code,

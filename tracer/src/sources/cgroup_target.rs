@@ -69,6 +69,15 @@ fn hierarchy_of(m: &Mount) -> Option<u32> {
 
 /// Finds the cgroup `given` names, or says why it is not one.
 pub fn resolve(given: &str) -> Result<CgroupTarget, TracerError> {
+    // An empty path (an unset shell variable, `--cgroup "$CG"`) would name the root: the whole
+    // host, which nobody asks for by accident.
+    if given.trim().is_empty() {
+        return Err(TracerError::Usage {
+            message: "--cgroup: the path is empty; give a cgroup directory (to record every \
+                      process on the host, give / itself)"
+                .into(),
+        });
+    }
     let all = mounts();
     let rel = given.trim_start_matches('/');
     // As given (absolute), then under the unified mount, then under the cpu controller's.
