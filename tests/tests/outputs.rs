@@ -4,9 +4,14 @@
 //! signals after the window.
 
 use std::{
+    io::{BufRead as _, BufReader},
     os::unix::{ffi::OsStrExt as _, fs::FileTypeExt as _, fs::MetadataExt as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -604,6 +609,27 @@ fn an_output_never_replaces_an_input() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Waits until process `pid` catches signal `sig` (SigCgt in /proc/PID/status: bit sig-1).
+fn caught(pid: u32, sig: i32) {
+    let started = Instant::now();
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or(0);
+        if mask & (1 << (sig - 1)) != 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "signal {sig} never caught: {status}"
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
 /// A signal while the probes load (the first ~0.2 s, before the tool says it is recording)
 /// ends the window as soon as it opens: it was lost (SIGINT: the recording ran its whole
 /// duration) or killed the tool with its trace file just begun (SIGTERM: exit 143, a `.tmp`).
@@ -616,7 +642,7 @@ fn a_signal_while_the_probes_load_ends_the_recording_cleanly() {
     let pid = target.0.id().to_string();
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let trace = dir.join(format!("r{sig}.trace"));
-        let child = Command::new(tracer_bin())
+        let mut child = Command::new(tracer_bin())
             .args([
                 "attach",
                 "-p",
@@ -630,17 +656,34 @@ fn a_signal_while_the_probes_load_ends_the_recording_cleanly() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Past the process's start, inside the probes' loading (longer than this in every
-        // build measured; a signal after it is the ordinary case, handled the same way).
-        std::thread::sleep(Duration::from_millis(60));
+        // Whether the tool had said it records (the probes loaded) when the signal went.
+        let recording = Arc::new(AtomicBool::new(false));
+        let stderr = {
+            let (pipe, recording) = (child.stderr.take().unwrap(), recording.clone());
+            std::thread::spawn(move || {
+                let mut all = String::new();
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if line.contains("recording PID") {
+                        recording.store(true, Ordering::SeqCst);
+                    }
+                    all += &line;
+                    all.push('\n');
+                }
+                all
+            })
+        };
+        // As soon as the tool catches the signal (before that, any process dies of it): its
+        // handlers are taken first, so this is inside the probes' loading.
+        caught(child.id(), sig);
         let sent = Instant::now();
+        let early = !recording.load(Ordering::SeqCst);
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
         let out = child.wait_with_output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = stderr.join().unwrap();
+        // Before the handlers came first, they were taken only once the probes had loaded.
+        assert!(early, "signal {sig} caught only once recording: {stderr}");
         assert!(
             sent.elapsed() < Duration::from_secs(10),
             "signal {sig}: {:?}",
