@@ -14,14 +14,17 @@ fn a_missing_pid_is_a_clear_error() {
         out.stderr
     );
     assert!(out.stdout.is_empty());
-    // `doctor` too: a process that is not there has no libcuda and no cgroup to report.
-    let out = run_tracer(&["doctor", "--pid", "99999999"]);
-    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(
-        out.stderr.contains("no process with PID 99999999"),
-        "{}",
-        out.stderr
-    );
+    // `doctor` too: a process that is not there has no libcuda and no cgroup to report. The
+    // largest PID would be kill(-1, 0), every process, if it were taken for a pid_t.
+    for pid in ["99999999", "4294967295"] {
+        let out = run_tracer(&["doctor", "--pid", pid]);
+        assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+        assert!(
+            out.stderr.contains(&format!("no process with PID {pid}")),
+            "{}",
+            out.stderr
+        );
+    }
 }
 
 #[test]

@@ -565,7 +565,7 @@ fn an_output_never_replaces_an_input() {
         ]);
         assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
         assert!(
-            out.stderr.contains("would replace the trace file"),
+            out.stderr.contains("would write over the trace file"),
             "{}",
             out.stderr
         );
@@ -589,7 +589,7 @@ fn an_output_never_replaces_an_input() {
         "--latencies",
         log.to_str().unwrap(),
     ]);
-    refused_before_recording(&out, 2, "would replace the latency log");
+    refused_before_recording(&out, 2, "would write over the latency log");
     assert_eq!(
         std::fs::read_to_string(&log).unwrap(),
         "{\"start_ns\": 1, \"end_ns\": 2}\n"

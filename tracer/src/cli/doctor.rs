@@ -316,10 +316,20 @@ fn render(r: &Report) -> String {
 pub fn run(args: DoctorArgs) -> Result<()> {
     // A process that is not there has no libcuda and no cgroup: saying only that would read as
     // a finding about it.
+    // kill(pid, 0), not /proc: under hidepid=2 another user's process is missing from /proc
+    // but kill says EPERM, not ESRCH.
+    // A PID past i32 would be a process group to kill (-1: every process).
+    let gone = |pid: u32| {
+        libc::pid_t::try_from(pid).map_or(true, |p| {
+            // SAFETY: signal 0 checks that the process exists and sends nothing.
+            let failed = unsafe { libc::kill(p, 0) } != 0;
+            failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        })
+    };
     if let Some(pid) = args.pid
-        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && gone(pid)
     {
-        anyhow::bail!("no process with PID {pid} (in /proc): give the PID of a running process");
+        anyhow::bail!("no process with PID {pid}: give the PID of a running process");
     }
     // The probes register their ring buffer with tokio even when only loaded.
     let rt = crate::session::runtime()?;

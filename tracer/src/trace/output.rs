@@ -146,7 +146,7 @@ fn destroys(out: &Path, input: &Path) -> bool {
     o == i || temp_path(&o) == i || same(out) || same(&temp_path(out))
 }
 
-/// Refuses an output that would replace one of the command's inputs (the trace `report`
+/// Refuses an output that would write over one of the command's inputs (the trace `report`
 /// reads, a latency log): the finished output is renamed over its path, and the input would
 /// be lost. A usage error, found before anything is read or recorded.
 pub fn check_not_inputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
@@ -154,7 +154,7 @@ pub fn check_not_inputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> 
         if let Some((what, input)) = inputs.iter().find(|(_, i)| destroys(out, i)) {
             return Err(TracerError::Usage {
                 message: format!(
-                    "{flag} {} would replace {what} {}, which this command reads: give the \
+                    "{flag} {} would write over {what} {}, which this command reads: give the \
                      output another path",
                     out.display(),
                     input.display()
@@ -244,7 +244,10 @@ mod tests {
         let input = [("the trace", trace.as_path())];
         for out in [&trace, &dotted, &hard] {
             let err = check_not_inputs(&[("--html", out)], &input).unwrap_err();
-            assert!(err.to_string().contains("would replace the trace"), "{err}");
+            assert!(
+                err.to_string().contains("would write over the trace"),
+                "{err}"
+            );
         }
         // The input read through a link to it, or a recording's leftover read while its final
         // path is written (whose temporary file it is).
