@@ -185,6 +185,19 @@ fn tracefs_this_user_cannot_read_is_called_so_not_unmounted() {
         line.contains("Permission denied") && !line.contains("not mounted"),
         "{line}"
     );
+    // The root-owned target's maps are closed to a user without capabilities (CAP_PERFMON
+    // opens them): said so, not "has not mapped libcuda" (a finding about a target it could
+    // not look at).
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let doctor = run_tracer_with(&nobody, &["doctor", "--pid", &pid]);
+    assert_eq!(doctor.status.code(), Some(1), "{}", doctor.stderr);
+    assert!(
+        doctor.stderr.contains(&format!(
+            "PID {pid} exists, but /proc/{pid}/maps cannot be read"
+        )),
+        "{}",
+        doctor.stderr
+    );
     let args = [
         "attach", "--pid", &pid, "-d", "300ms", "--probes", "classic", "--json",
     ];

@@ -609,18 +609,25 @@ fn an_output_never_replaces_an_input() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Waits until process `pid` catches signal `sig` (SigCgt in /proc/PID/status: bit sig-1).
-fn caught(pid: u32, sig: i32) {
+/// Waits until the child catches signal `sig` (SigCgt in /proc/PID/status: bit sig-1), and
+/// says whether `recording` was still false when it first did: read before each look, so a
+/// slow test thread cannot make a late catch look early.
+fn caught(child: &mut std::process::Child, sig: i32, recording: &AtomicBool) -> bool {
     let started = Instant::now();
     loop {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let before = recording.load(Ordering::SeqCst);
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
         let mask = status
             .lines()
             .find_map(|l| l.strip_prefix("SigCgt:"))
             .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
             .unwrap_or(0);
         if mask & (1 << (sig - 1)) != 0 {
-            return;
+            return !before;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("the tool ended ({st}) before catching signal {sig}");
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -674,9 +681,8 @@ fn a_signal_while_the_probes_load_ends_the_recording_cleanly() {
         };
         // As soon as the tool catches the signal (before that, any process dies of it): its
         // handlers are taken first, so this is inside the probes' loading.
-        caught(child.id(), sig);
+        let early = caught(&mut child, sig, &recording);
         let sent = Instant::now();
-        let early = !recording.load(Ordering::SeqCst);
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
         let out = child.wait_with_output().unwrap();
@@ -775,7 +781,7 @@ fn a_flight_dir_that_cannot_be_written_is_refused_at_the_start() {
         ])
     };
     let out = watch(&ro);
-    refused_before_recording(&out, 2, "cannot create a file there (Read-only file system");
+    refused_before_recording(&out, 1, "cannot create a file there (Read-only file system");
     drop(mounted);
     // The same directory, writable now: the watch runs, and the probe file is gone.
     let out = watch(&ro);

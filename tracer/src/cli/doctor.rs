@@ -331,6 +331,16 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     {
         anyhow::bail!("no process with PID {pid}: give the PID of a running process");
     }
+    // There, but its maps and cgroup unreadable: "has not mapped libcuda" would be a guess.
+    if let Some(pid) = args.pid
+        && let Err(e) = std::fs::File::open(format!("/proc/{pid}/maps"))
+    {
+        anyhow::bail!(
+            "PID {pid} exists, but /proc/{pid}/maps cannot be read ({e}): /proc mounted with \
+             hidepid, too few privileges, or a /proc of another PID namespace; run doctor as \
+             root where /proc shows the process"
+        );
+    }
     // The probes register their ring buffer with tokio even when only loaded.
     let rt = crate::session::runtime()?;
     let r = {

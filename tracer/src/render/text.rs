@@ -89,8 +89,8 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        // Only complete waits: one open at either edge counts in the time above, not here.
-        "  run-queue waits (complete): {}  p50 {}  p99 {}  max {}{}",
+        // Counted as they end: one still open at the window's end is in the time above only.
+        "  run-queue waits ended in the window: {}  p50 {}  p99 {}  max {}{}",
         t.runq_waits,
         opt_dur(t.runq_wait_p50_ns),
         opt_dur(t.runq_wait_p99_ns),
@@ -271,6 +271,13 @@ pub fn render(r: &Report) -> String {
     gpu(&mut out, s);
     super::ranks::ranks(&mut out, s);
 
+    preemptors(&mut out, s);
+    super::held_up::held_up(&mut out, s);
+    out
+}
+
+/// What ran while the target's threads waited, grouped into neighbours.
+fn preemptors(out: &mut String, s: &Summary) {
     if s.preemptors.is_empty() && s.incomplete.is_some() {
         // They are counted in the kernel and arrive in the final frame, which this file lacks.
         let _ = writeln!(
@@ -317,8 +324,6 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(out, "{pt}");
     }
-    super::held_up::held_up(&mut out, s);
-    out
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {

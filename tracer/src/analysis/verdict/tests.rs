@@ -799,11 +799,17 @@ fn absence_claims_say_what_they_rest_on() {
         "{}",
         cut.headline
     );
-    let na = cut
-        .not_assessed
-        .iter()
-        .find(|n| n.signal == "complete_recording");
-    assert_eq!(na.unwrap().reason, "the file is cut short at byte 545");
+    assert!(
+        cut.not_assessed
+            .iter()
+            .any(|n| n.signal == "complete_recording"),
+        "{cut:?}"
+    );
+    // A watch's `-i 1s` window a few ms short of the second is not a short window.
+    let mut second = served(2000);
+    second.end_ns = second.start_ns + 995 * MS;
+    let second = verdict(&second);
+    assert!(!second.headline.contains("in only"), "{}", second.headline);
 
     let mut empty = recording(vec![], vec![]);
     empty.end_ns = empty.start_ns;

@@ -118,28 +118,47 @@ pub fn run(args: WatchArgs) -> Result<()> {
 /// The flight recorder writes only when the bad minute comes, maybe days later: a directory
 /// it cannot write to must fail now, not then. Creating a file is the only test that sees a
 /// read-only mount, a full disk of inodes or a permission root lacks (access(2) passes root).
+/// An unnamed file (O_TMPFILE) where the file system has them: nothing to collide with, and
+/// nothing left if the tool is killed; else a name of this process and moment.
 fn check_flight_dir(dir: &std::path::Path) -> Result<()> {
-    let usage = |why: String| crate::error::TracerError::Usage {
-        message: format!(
-            "--flight-dir {}: {why}; give a directory the tracer can write to",
-            dir.display()
-        ),
-    };
+    use std::os::unix::fs::OpenOptionsExt as _;
     if !dir.is_dir() {
-        return Err(usage("not a directory".into()).into());
-    }
-    let probe = dir.join(format!(".tracer-probe-{}", std::process::id()));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
+        return Err(crate::error::TracerError::Usage {
+            message: format!(
+                "--flight-dir {}: not a directory; give a directory the tracer can write to",
+                dir.display()
+            ),
         }
-        Err(e) => Err(usage(format!("cannot create a file there ({e})")).into()),
+        .into());
     }
+    let unnamed = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    let made = match unnamed {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let probe = dir.join(format!(".tracer-probe-{}-{nanos}", std::process::id()));
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&probe);
+            if made.is_ok() {
+                let _ = std::fs::remove_file(&probe);
+            }
+            made
+        }
+        other => other,
+    };
+    made.map(drop).map_err(|e| {
+        anyhow::anyhow!(
+            "--flight-dir {}: cannot create a file there ({e}); give a directory the tracer can \
+             write to",
+            dir.display()
+        )
+    })
 }
 
 /// What every window goes to.
