@@ -199,10 +199,9 @@ impl Reported {
         l.clock_error_ns = step(l.clock_error_ns, &mut s.clock_error_ns);
     }
 
-    /// Forgets the threads that ended before `t`: no later window has anything of theirs.
-    pub fn forget_ended(&mut self, t: u64) {
-        self.threads
-            .retain(|_, s| s.exited_ns.is_none_or(|e| e >= t));
+    /// Forgets the threads `dead`, wholly accounted: no later window has anything of theirs.
+    pub fn forget(&mut self, dead: &std::collections::BTreeSet<u32>) {
+        self.threads.retain(|tid, _| !dead.contains(tid));
     }
 }
 

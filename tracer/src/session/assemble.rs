@@ -185,6 +185,30 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// The threads whose accounts are final: exited, and switched out for the last time.
+    pub fn dead(&self) -> std::collections::BTreeSet<u32> {
+        self.threads
+            .iter()
+            .filter(|t| t.state == tracer_common::ThreadState::Dead as u32)
+            .map(|t| t.tid)
+            .collect()
+    }
+
+    /// With the accounts of threads the windows' cuts took out (`Windows`): the whole run's.
+    pub fn with_reaped(mut self, r: Reaped) -> Self {
+        self.threads.extend(r.stats);
+        self.counters.extend(
+            r.counters
+                .iter()
+                .map(|(tid, c)| (*tid, CounterTotals::from(c))),
+        );
+        self.cuda
+            .extend(r.cuda.iter().map(|(tid, c)| (*tid, CudaTotals::from(c))));
+        self
+    }
+}
+
 /// Joins the kernel's accounts and everything else into the recording.
 pub fn recording(
     targets: &Targets,

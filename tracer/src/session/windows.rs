@@ -9,7 +9,7 @@
 //! batch was not sent in time) is counted in the next window's `late_records`, not silently
 //! added to it.
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::Result;
 
@@ -34,6 +34,9 @@ pub struct Closing {
     pub end: u64,
     pub col: Collector,
     kernel: assemble::Kernel,
+    /// The threads wholly accounted in `kernel` (exited and switched out for the last time):
+    /// only these are done with after this window.
+    dead: BTreeSet<u32>,
     proc_end: ProcSide,
     gpu: Option<GpuRecording>,
     cgroups: Vec<Vec<crate::recording::cgroup::CgroupSample>>,
@@ -80,6 +83,9 @@ pub struct Windows {
     /// covers the run).
     whole_gpu: Option<GpuRecording>,
     whole_cgroups: Option<Vec<Vec<crate::recording::cgroup::CgroupSample>>>,
+    /// The accounts of threads that ended in earlier windows, which each window's cut drops:
+    /// the whole run's final frame needs them (kept only for a trace file).
+    whole_reaped: Option<Reaped>,
     /// Records from before the current window that arrived after it began.
     pub late: u64,
 }
@@ -93,6 +99,7 @@ impl Windows {
             cpu_mark: cpu,
             whole_gpu: None,
             whole_cgroups: whole_run.then(Vec::new),
+            whole_reaped: whole_run.then(Reaped::default),
             late: 0,
         }
     }
@@ -137,9 +144,15 @@ impl Session<'_> {
             self.end_cut()?;
         }
         self.drain();
-        let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, None)?;
-        // After the reading: every account read was up to date at some instant before it.
+        // Before the reading: each account is read at its own instant after `end`, and a state
+        // a window closes at `end` lasted at least until then, so the windows' running totals
+        // never get ahead of the kernel's and add up to the whole run exactly. Stamped after,
+        // a thread that switched out or exited while the map was read was said to run on to
+        // the end, more than the whole run then had. The price: what happened while the map
+        // was read (microseconds) is in this window, its timeline records in the next.
         let end = monotonic_ns();
+        let kernel = assemble::Kernel::read(&mut self.probes, &self.finished, None)?;
+        let dead = kernel.dead();
         let proc_end = ProcSide::read(self);
         let mut cgroups = std::mem::take(&mut self.throttling);
         for (i, (t, _)) in self.throttle.0.iter().enumerate() {
@@ -159,6 +172,7 @@ impl Session<'_> {
             end,
             col,
             kernel,
+            dead,
             proc_end,
             gpu,
             cgroups,
@@ -188,13 +202,18 @@ impl Session<'_> {
             c.proc_end,
         );
         let rec = self.window_of(c.kernel, c.col, ended, c.cpu_end)?;
-        // Threads that ended before this window's end have been reported in full.
-        let end = c.end;
-        self.windows.reported.forget_ended(end);
+        // Threads wholly accounted in this window's reading have been reported in full (one
+        // that exited before the end but was read before its last switch is not yet).
+        let dead = c.dead;
+        self.windows.reported.forget(&dead);
         // Gone from the threads /proc listed at the start too: else a thread without a kernel
         // account would be taken for one that stayed quiet all along.
-        for tid in forget_ended(&mut self.finished, end) {
-            self.initial.remove(&tid);
+        let gone = forget_ended(&mut self.finished, &dead);
+        for s in &gone.stats {
+            self.initial.remove(&s.tid);
+        }
+        if let Some(w) = self.windows.whole_reaped.as_mut() {
+            w.extend(gone);
         }
         Ok(rec)
     }
@@ -346,7 +365,8 @@ impl Session<'_> {
             let gpu = ended.gpu.take();
             let whole_ended = ended.clone();
             ended.gpu = gpu;
-            (kernel.clone(), whole_ended)
+            let reaped = self.windows.whole_reaped.take().unwrap_or_default();
+            (kernel.clone().with_reaped(reaped), whole_ended)
         });
         let cpu_total = cpu_end - self.cpu_at_start;
         // Adds this window's GPU and cgroup samples to the whole run's.
@@ -410,17 +430,23 @@ impl Session<'_> {
     }
 }
 
-/// Drops the accounts of threads that ended before `t` (reported in full by now); returns
-/// their TIDs.
-fn forget_ended(finished: &mut Reaped, t: u64) -> std::collections::BTreeSet<u32> {
-    let gone: std::collections::BTreeSet<u32> = finished
-        .stats
-        .iter()
-        .filter(|s| s.flags & tracer_common::FLAG_EXITED != 0 && s.exited_ts_ns < t)
-        .map(|s| s.tid)
-        .collect();
-    finished.stats.retain(|s| !gone.contains(&s.tid));
-    finished.counters.retain(|(tid, _)| !gone.contains(tid));
-    finished.cuda.retain(|(tid, _)| !gone.contains(tid));
-    gone
+/// Takes out the accounts of the threads `dead` (reported in full by now).
+fn forget_ended(finished: &mut Reaped, gone: &BTreeSet<u32>) -> Reaped {
+    let (stats, kept) = std::mem::take(&mut finished.stats)
+        .into_iter()
+        .partition(|s| gone.contains(&s.tid));
+    finished.stats = kept;
+    let (counters, kept) = std::mem::take(&mut finished.counters)
+        .into_iter()
+        .partition(|(tid, _)| gone.contains(tid));
+    finished.counters = kept;
+    let (cuda, kept) = std::mem::take(&mut finished.cuda)
+        .into_iter()
+        .partition(|(tid, _)| gone.contains(tid));
+    finished.cuda = kept;
+    Reaped {
+        stats,
+        counters,
+        cuda,
+    }
 }
