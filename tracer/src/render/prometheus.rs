@@ -148,7 +148,14 @@ pub struct Metrics {
     flight_bytes: Gauge,
     /// The tracer's resident memory, as the watch loop last read it.
     rss_now: Arc<AtomicU64>,
+    /// The process roles given series of their own so far (`MAX_ROLES`).
+    roles: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
+
+/// At most this many process roles get series of their own, the first seen; later ones are
+/// `other`. A role falls back to the command name, which a target can vary without end
+/// (numbered workers, `ForkPoolWorker-N`): each new one would add some 60 series for good.
+pub const MAX_ROLES: usize = 32;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -286,6 +293,7 @@ impl Metrics {
             last_window,
             triggers,
             rss_now: Arc::default(),
+            roles: Default::default(),
         }
     }
 
@@ -312,6 +320,18 @@ impl Metrics {
         self.triggers.inc();
     }
 
+    /// The label of a process role: its own among the first `MAX_ROLES`, else `other`.
+    fn role(&self, name: &str) -> String {
+        let name = label(name);
+        let mut roles = self.roles.lock().unwrap_or_else(|e| e.into_inner());
+        if roles.contains(&name) || roles.len() < MAX_ROLES {
+            roles.insert(name.clone());
+            name
+        } else {
+            "other".into()
+        }
+    }
+
     /// Adds one window.
     pub fn add(&self, rec: &Recording, report: &Report) {
         let (s, v) = (&report.summary, &report.verdict);
@@ -319,10 +339,10 @@ impl Metrics {
             s.processes
                 .iter()
                 .find(|p| p.pid == pid)
-                .map_or_else(|| "unknown".to_string(), |p| label(&p.role))
+                .map_or_else(|| "unknown".to_string(), |p| self.role(&p.role))
         };
         let service_role = if s.processes.len() == 1 {
-            label(&s.processes[0].role)
+            self.role(&s.processes[0].role)
         } else {
             "service".to_string()
         };
@@ -333,7 +353,7 @@ impl Metrics {
                 process_role: c
                     .acts_in
                     .as_ref()
-                    .map_or_else(|| service_role.clone(), |a| label(&a.role)),
+                    .map_or_else(|| service_role.clone(), |a| self.role(&a.role)),
             };
             self.attributed
                 .get_or_create(&labels)
@@ -421,6 +441,19 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::recording::testutil::{recording, thread};
+
+    /// Numbered workers (a role falls back to the command name) cannot grow the series
+    /// without end: past `MAX_ROLES` they are `other`, and a role seen first keeps its own.
+    #[test]
+    fn process_roles_are_bounded() {
+        let m = Metrics::new();
+        let given: std::collections::BTreeSet<String> =
+            (0..1000).map(|i| m.role(&format!("job-{i}"))).collect();
+        assert_eq!(given.len(), MAX_ROLES + 1, "{given:?}");
+        assert!(given.contains("other"));
+        assert_eq!(m.role("job-0"), "job-0");
+        assert_eq!(m.role("job-999"), "other");
+    }
 
     #[test]
     fn a_window_becomes_series_without_thread_ids() {
