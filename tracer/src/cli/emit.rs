@@ -34,6 +34,15 @@ pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
             MAX_LATENCY_LOG >> 30
         );
     }
+    // A server appending through a buffer leaves half a line at the end while it writes: a
+    // last line with no newline that is not JSON yet is that record, still being written (a
+    // watch reads it whole at its next window); anything else malformed is still an error.
+    if !text.ends_with('\n') {
+        let cut = text.rfind('\n').map_or(0, |i| i + 1);
+        if serde_json::from_str::<serde::de::IgnoredAny>(&text[cut..]).is_err() {
+            text.truncate(cut);
+        }
+    }
     let set = parse_latency_log(
         &text,
         rec.host.realtime_minus_monotonic_ns,
@@ -136,4 +145,31 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::trace::writer::write_atomic(path, bytes)?;
     eprintln!("tracer: wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loaded(text: &str) -> Result<Recording> {
+        let path = std::env::temp_dir().join(format!("tracer-emit-{}.jsonl", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let mut rec = crate::recording::testutil::recording(vec![], vec![]);
+        let r = load_latencies(&mut rec, &path);
+        let _ = std::fs::remove_file(&path);
+        r.map(|()| rec)
+    }
+
+    /// A record still being written at the end of the log is left for the next reading; a
+    /// whole last record without its newline counts; a malformed line elsewhere is an error.
+    #[test]
+    fn a_record_still_being_written_is_left_out() {
+        let one = r#"{"start_ns": 2000, "end_ns": 3000, "tid": 7}"#;
+        let two = r#"{"start_ns": 4000, "end_ns": 5000, "tid": 7}"#;
+        let spans = |t: &str| loaded(t).unwrap().requests.unwrap().spans.len();
+        assert_eq!(spans(&format!("{one}\n{two}\n")), 2);
+        assert_eq!(spans(&format!("{one}\n{two}")), 2);
+        assert_eq!(spans(&format!("{one}\n{{\"start_ns\": 40")), 1);
+        assert!(loaded(&format!("{{\"start_ns\": 40\n{one}\n")).is_err());
+    }
 }
