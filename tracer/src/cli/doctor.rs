@@ -313,33 +313,32 @@ fn render(r: &Report) -> String {
     out
 }
 
-pub fn run(args: DoctorArgs) -> Result<()> {
-    // A process that is not there has no libcuda and no cgroup: saying only that would read as
-    // a finding about it.
-    // kill(pid, 0), not /proc: under hidepid=2 another user's process is missing from /proc
-    // but kill says EPERM, not ESRCH.
-    // A PID past i32 would be a process group to kill (-1: every process).
-    let gone = |pid: u32| {
-        libc::pid_t::try_from(pid).map_or(true, |p| {
-            // SAFETY: signal 0 checks that the process exists and sends nothing.
-            let failed = unsafe { libc::kill(p, 0) } != 0;
-            failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-        })
-    };
-    if let Some(pid) = args.pid
-        && gone(pid)
-    {
-        anyhow::bail!("no process with PID {pid}: give the PID of a running process");
+/// A process that is not there has no libcuda and no cgroup, and one whose /proc entries
+/// cannot be read shows none: saying only that would read as a finding about it.
+fn check_pid(pid: u32) -> Result<()> {
+    // kill(pid, 0), not /proc: under hidepid=2 another user's process is missing from /proc,
+    // but kill says EPERM, not ESRCH. A PID past i32 would be a process group (-1: all).
+    let gone = libc::pid_t::try_from(pid).map_or(true, |p| {
+        // SAFETY: signal 0 checks that the process exists and sends nothing.
+        let failed = unsafe { libc::kill(p, 0) } != 0;
+        failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    });
+    if gone {
+        return Err(crate::error::TracerError::NoSuchProcess { pid }.into());
     }
-    // There, but its maps and cgroup unreadable: "has not mapped libcuda" would be a guess.
-    if let Some(pid) = args.pid
-        && let Err(e) = std::fs::File::open(format!("/proc/{pid}/maps"))
-    {
+    if let Err(e) = std::fs::File::open(format!("/proc/{pid}/maps")) {
         anyhow::bail!(
             "PID {pid} exists, but /proc/{pid}/maps cannot be read ({e}): /proc mounted with \
              hidepid, too few privileges, or a /proc of another PID namespace; run doctor as \
              root where /proc shows the process"
         );
+    }
+    Ok(())
+}
+
+pub fn run(args: DoctorArgs) -> Result<()> {
+    if let Some(pid) = args.pid {
+        check_pid(pid)?;
     }
     // The probes register their ring buffer with tokio even when only loaded.
     let rt = crate::session::runtime()?;

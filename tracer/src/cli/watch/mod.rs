@@ -116,10 +116,12 @@ pub fn run(args: WatchArgs) -> Result<()> {
 }
 
 /// The flight recorder writes only when the bad minute comes, maybe days later: a directory
-/// it cannot write to must fail now, not then. Creating a file is the only test that sees a
-/// read-only mount, a full disk of inodes or a permission root lacks (access(2) passes root).
-/// An unnamed file (O_TMPFILE) where the file system has them: nothing to collide with, and
-/// nothing left if the tool is killed; else a name of this process and moment.
+/// it cannot write to must fail now, not then. A file is created, not asked about as the other
+/// outputs' directories are (`trace::output::check_path`, access(2)): access sees a read-only
+/// mount and the permission bits, but not an immutable directory or a file system out of
+/// inodes, which a run of days can meet. An unnamed file (O_TMPFILE) where the file system has
+/// them: nothing to collide with, and nothing left if the tool is killed; else a name of this
+/// process and moment.
 fn check_flight_dir(dir: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     if !dir.is_dir() {
