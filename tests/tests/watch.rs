@@ -435,6 +435,90 @@ fn sighup_reopens_the_log_for_rotation() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server's log of request latencies: 3 ms busy and 2 ms asleep per request, every 40th
+/// held 300 ms (it crosses some window's start), and one malformed line after the 300th.
+const LOGGER: &str = "import sys, threading, time\n\
+log = open(sys.argv[1], 'a', buffering=1)\n\
+tid = threading.get_native_id()\n\
+n = 0\n\
+while True:\n\
+\x20   s = time.monotonic_ns(); t = time.monotonic()\n\
+\x20   while time.monotonic() - t < 0.003: pass\n\
+\x20   time.sleep(0.3 if n % 40 == 39 else 0.002)\n\
+\x20   log.write('{\"start_ns\": %d, \"end_ns\": %d, \"tid\": %d}\\n' % (s, time.monotonic_ns(), tid))\n\
+\x20   n += 1\n\
+\x20   if n == 300: log.write('not json\\n')\n";
+
+/// `watch --latencies` reads what the server appended since the last window: every request in
+/// the log goes to the window it ended in, or is counted once as left out of it. What was there
+/// before the watch is no window's (a malformed line in it costs nothing: read whole each
+/// window, as before, it cost every window its requests), and a malformed line written during
+/// the watch costs only itself.
+#[test]
+fn each_window_reads_the_requests_appended_to_the_log() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("latencies");
+    let log = dir.join("lat.jsonl");
+    let old = "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 1}\n".repeat(100_000);
+    std::fs::write(&log, format!("{old}garbage\n")).unwrap();
+    let target = Kill::group(Command::new("python3").args(["-c", LOGGER, log.to_str().unwrap()]));
+    let pid = target.id().to_string();
+    let out = run_tracer(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--count",
+        "5",
+        "--json",
+        "--quiet",
+        "--no-gpu",
+        "--latencies",
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.len(), 5, "{}", out.stdout);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let logged: Vec<(u64, u64)> = text
+        .lines()
+        .skip(100_001)
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| (u(&v["start_ns"]), u(&v["end_ns"])))
+        .collect();
+    assert!(logged.len() > 300, "{} requests", logged.len());
+    let mut taken = 0;
+    for (i, w) in windows.iter().enumerate() {
+        let (start, end) = (u(&w["start_ns"]), u(&w["end_ns"]));
+        let r = &w["requests"];
+        assert!(r.is_object(), "window {i} has no requests: {}", out.stderr);
+        let inside = logged
+            .iter()
+            .filter(|&&(s, e)| s >= start && e <= end)
+            .count();
+        assert_eq!(u(&r["requests"]) as usize, inside, "window {i}");
+        // Decomposed by the window's own timeline: each one covered end to end.
+        assert_eq!(r["closure_within_5pct"], 1.0, "window {i}: {r}");
+        taken += u(&r["requests"]) + u(&r["unpaired"]);
+    }
+    let (first, last) = (u(&windows[0]["start_ns"]), u(&windows[4]["end_ns"]));
+    let ended = logged
+        .iter()
+        .filter(|&&(_, e)| e >= first && e <= last)
+        .count();
+    assert_eq!(taken as usize, ended, "each request once");
+    assert_eq!(
+        out.stderr.matches("line(s) left out").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("line 100302"), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_watch_ends_when_the_process_given_exits() {
     let _guard = serial();

@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, bail};
 use super::args::OutputArgs;
 use crate::{
     analysis::{Report, analyze},
-    recording::{Recording, requests::parse_latency_log},
+    recording::{Recording, latency_log::parse_latency_log},
     render,
 };
 

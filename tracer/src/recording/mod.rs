@@ -10,6 +10,7 @@ pub mod counters;
 pub mod cuda;
 pub mod gpu;
 pub mod host;
+pub mod latency_log;
 pub mod names;
 pub mod pauses;
 pub mod probes;

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 use tracer_common::{Event, EventKind};
 
@@ -103,112 +102,6 @@ impl Pairing {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogLine {
-    #[serde(default)]
-    clock: Option<String>,
-    #[serde(default)]
-    start_ns: Option<u64>,
-    #[serde(default)]
-    end_ns: Option<u64>,
-    #[serde(default)]
-    tid: Option<u32>,
-    #[serde(default)]
-    id: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Clock {
-    Monotonic,
-    Realtime,
-}
-
-fn parse_clock(s: &str) -> Result<Clock> {
-    match s {
-        "monotonic" => Ok(Clock::Monotonic),
-        "realtime" => Ok(Clock::Realtime),
-        other => bail!("unknown clock {other:?}: write \"monotonic\" or \"realtime\""),
-    }
-}
-
-/// Parses a latency log: JSON lines `{"start_ns": .., "end_ns": .., "tid": ..}` (and an
-/// optional `"id"`), times on the clock a `{"clock": "monotonic"|"realtime"}` line names
-/// (monotonic when none does; a line may also carry its own `"clock"`). Realtime times are
-/// moved to CLOCK_MONOTONIC with `realtime_minus_monotonic_ns`, measured while recording.
-/// Requests not wholly inside `[start, end]` are counted, not kept.
-pub fn parse_latency_log(
-    text: &str,
-    realtime_minus_monotonic_ns: i64,
-    window: (u64, u64),
-) -> Result<RequestSet> {
-    let mut clock = Clock::Monotonic;
-    let mut spans = Vec::new();
-    let mut outside = 0;
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let n = i + 1;
-        let l: LogLine = serde_json::from_str(line).with_context(|| {
-            format!(
-                "line {n}: not a latency record ({line:.80}); each line must be \
-                 {{\"start_ns\": N, \"end_ns\": N, \"tid\": N}} or {{\"clock\": \"realtime\"}}"
-            )
-        })?;
-        let line_clock = match &l.clock {
-            Some(c) => parse_clock(c).with_context(|| format!("line {n}"))?,
-            None => clock,
-        };
-        let (Some(s), Some(e)) = (l.start_ns, l.end_ns) else {
-            if l.clock.is_some() && l.start_ns.is_none() && l.end_ns.is_none() {
-                clock = line_clock;
-                continue;
-            }
-            bail!("line {n}: a request needs both start_ns and end_ns");
-        };
-        let Some(tid) = l.tid else {
-            bail!(
-                "line {n}: no \"tid\": the thread that served the request is needed to \
-                 decompose its time (gettid() in the server)"
-            );
-        };
-        if e < s {
-            bail!("line {n}: end_ns {e} is before start_ns {s}");
-        }
-        let to_mono = |t: u64| -> u64 {
-            match line_clock {
-                Clock::Monotonic => t,
-                Clock::Realtime => (t as i128 - realtime_minus_monotonic_ns as i128).max(0) as u64,
-            }
-        };
-        let span = RequestSpan {
-            start_ns: to_mono(s),
-            end_ns: to_mono(e),
-            tid,
-            id: l.id,
-        };
-        if span.start_ns < window.0 || span.end_ns > window.1 {
-            outside += 1;
-        } else {
-            spans.push(span);
-        }
-    }
-    if spans.is_empty() && outside > 0 {
-        bail!(
-            "none of the {outside} requests in the log lies inside the recording's window; \
-             check that the log's clock is the one its \"clock\" line states"
-        );
-    }
-    spans.sort_by_key(|s| s.end_ns);
-    Ok(RequestSet {
-        source: RequestSource::File,
-        spans,
-        unpaired: outside,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,28 +144,5 @@ mod tests {
         // (50, 70) ended after the window's end: dropped and counted.
         assert_eq!(got, vec![(12, 30, 2), (10, 40, 3), (55, 60, 4)]);
         assert_eq!(set.unpaired, 3);
-    }
-
-    #[test]
-    fn latency_logs_parse_and_convert_clocks() {
-        let text = "\n{\"start_ns\": 100, \"end_ns\": 200, \"tid\": 5}\n\
-                    {\"clock\": \"realtime\"}\n\
-                    {\"start_ns\": 1100, \"end_ns\": 1300, \"tid\": 6, \"id\": 3}\n\
-                    {\"start_ns\": 9000, \"end_ns\": 9100, \"tid\": 6}\n";
-        let set = parse_latency_log(text, 1000, (0, 1000)).unwrap();
-        assert_eq!(set.spans.len(), 2);
-        assert_eq!((set.spans[1].start_ns, set.spans[1].end_ns), (100, 300));
-        assert_eq!(set.spans[1].id, Some(3));
-        assert_eq!(set.unpaired, 1);
-    }
-
-    #[test]
-    fn bad_latency_logs_say_what_is_wrong() {
-        let err = |t: &str| format!("{:#}", parse_latency_log(t, 0, (0, 1000)).unwrap_err());
-        assert!(err("{\"start_ns\": 1, \"end_ns\": 2}").contains("tid"));
-        assert!(err("{\"start_ns\": 5, \"end_ns\": 2, \"tid\": 1}").contains("before"));
-        assert!(err("garbage").contains("line 1"));
-        assert!(err("{\"clock\": \"tai\"}").contains("unknown clock"));
-        assert!(err("{\"start_ns\": 5000, \"end_ns\": 6000, \"tid\": 1}").contains("window"));
     }
 }

@@ -269,7 +269,7 @@ pub fn start_script(python: &str, script: &Path, args: &[String]) -> Result<Reap
 pub fn read_log(path: &std::path::Path) -> Result<Vec<RequestSpan>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let set = crate::recording::requests::parse_latency_log(&text, 0, (0, u64::MAX))?;
+    let set = crate::recording::latency_log::parse_latency_log(&text, 0, (0, u64::MAX))?;
     Ok(set.spans)
 }
 

@@ -4,6 +4,7 @@
 //! moved by (`recording::window`), so they add up to the whole run.
 
 mod flight;
+mod latencies;
 mod otlp;
 mod out;
 mod serve;
@@ -13,10 +14,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::{
-    args::{RecordArgs, TargetArgs},
-    emit::load_latencies,
-};
+use super::args::{RecordArgs, TargetArgs};
 use crate::{
     analysis::{Report, analyze},
     recording::{EndReason, Recording, printable},
@@ -167,7 +165,7 @@ fn check_flight_dir(dir: &std::path::Path) -> Result<()> {
 struct Sinks {
     out: out::Out,
     json: bool,
-    latencies: Option<PathBuf>,
+    latencies: Option<latencies::LogTail>,
     metrics: Arc<Metrics>,
     otlp: Option<otlp::Otlp>,
     windows: u64,
@@ -178,10 +176,13 @@ impl Sinks {
     /// A closed window to every sink; `session`, while the run goes on, for the flight
     /// recorder.
     fn window(&mut self, mut rec: Recording, session: Option<&mut Session<'_>>) -> Result<()> {
-        if let Some(p) = &self.latencies
-            && let Err(e) = load_latencies(&mut rec, p)
-        {
-            eprintln!("tracer: the latency log could not be used for this window: {e:#}");
+        if let Some(log) = self.latencies.as_mut() {
+            match log.window(&rec) {
+                Ok(set) => rec.requests = Some(set),
+                Err(e) => {
+                    eprintln!("tracer: the latency log could not be used for this window: {e:#}")
+                }
+            }
         }
         let report = analyze(&rec);
         self.metrics.set_rss(process::own_rss());
@@ -215,6 +216,10 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         None => None,
     };
     let out = out::Out::open(args.log.as_deref())?;
+    let latencies = match &args.record.requests.latencies {
+        Some(p) => Some(latencies::LogTail::open(p)?),
+        None => None,
+    };
     let otlp = match &args.otlp {
         Some(e) => Some(otlp::Otlp::start(e, targets)?),
         None => None,
@@ -232,7 +237,7 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
     let mut sinks = Sinks {
         out,
         json: args.record.json,
-        latencies: args.record.requests.latencies.clone(),
+        latencies,
         metrics,
         otlp,
         windows: 0,
