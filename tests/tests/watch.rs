@@ -435,6 +435,75 @@ fn sighup_reopens_the_log_for_rotation() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Forks a child process every 20 ms that is busy 5 ms and exits.
+const FORKER: &str = "import os, time\n\
+while True:\n\
+\x20   pid = os.fork()\n\
+\x20   if pid == 0:\n\
+\x20       t = time.monotonic()\n\
+\x20       while time.monotonic() - t < 0.005: pass\n\
+\x20       os._exit(0)\n\
+\x20   os.waitpid(pid, 0); time.sleep(0.02)\n";
+
+/// A process that exited is listed in the windows up to the one after its exit, then no more:
+/// before, every window listed every process forked since the run began (the kernel's map
+/// kept them all, up to its 4,096), so a service that forks for days wrote ever longer
+/// windows. The whole run's trace still lists them all.
+#[test]
+fn processes_that_exited_leave_the_later_windows() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("forks");
+    let trace = dir.join("run.trace");
+    let target = Kill::group(Command::new("python3").args(["-c", FORKER]));
+    let pid = target.id().to_string();
+    let out = run_tracer(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--count",
+        "5",
+        "--json",
+        "--quiet",
+        "--no-gpu",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.len(), 5, "{}", out.stdout);
+    let forked = |w: &Value| -> Vec<(u64, u64)> {
+        w["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| !p["joined_ns"].is_null())
+            .map(|p| (u(&p["pid"]), u(&p["joined_ns"])))
+            .collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, w) in windows.iter().enumerate() {
+        let f = forked(w);
+        assert!(f.len() >= 20, "window {i}: {} forked", f.len());
+        // Forked in this window or the one before (a process that exited then is listed in
+        // this one too); a whole window of slack for one that exited just after a cut.
+        if i >= 2 {
+            let from = u(&windows[i - 2]["start_ns"]);
+            for (p, joined) in &f {
+                assert!(*joined >= from, "window {i} lists {p}, forked long before");
+            }
+        }
+        assert_eq!(u(&w["losses"]["child_map_full"]), 0, "window {i}");
+        seen.extend(f.iter().map(|(p, _)| *p));
+    }
+    let whole = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    let all: std::collections::BTreeSet<u64> = forked(&whole).iter().map(|(p, _)| *p).collect();
+    assert!(all.is_superset(&seen), "the whole run lost processes");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A server's log of request latencies: 3 ms busy and 2 ms asleep per request, every 40th
 /// held 300 ms (it crosses some window's start), and one malformed line after the 300th.
 const LOGGER: &str = "import sys, threading, time\n\
@@ -718,6 +787,52 @@ fn the_flight_recorder_writes_the_kept_windows_once_per_rate_limit() {
             assert_eq!(sum, u(&t[key]), "thread {tid}: {key}");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A trigger just before the watch ends writes its file from the last, partial window: before,
+/// the last windows reached no flight recorder, and the trigger was lost without a word.
+#[test]
+fn a_trigger_just_before_the_end_writes_its_file() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("flight-end");
+    let target = spinner();
+    let pid = target.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "10s",
+        "--json",
+        "--no-gpu",
+        "--keep",
+        "10s",
+        "--flight-dir",
+        dir.to_str().unwrap(),
+        "--no-auto-trigger",
+    ]);
+    std::thread::sleep(Duration::from_millis(2000));
+    t.signal(libc::SIGUSR1);
+    std::thread::sleep(Duration::from_millis(100));
+    t.signal(libc::SIGTERM);
+    let out = t.finish(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.len(), 1, "{}", out.stdout);
+    let trace = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|f| f.extension() == Some("trace".as_ref()))
+        .unwrap_or_else(|| panic!("no file: {}", out.stderr));
+    let doc = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    assert_eq!(doc["start_ns"], windows[0]["start_ns"]);
+    assert_eq!(doc["end_ns"], windows[0]["end_ns"]);
+    assert!(
+        u(&doc["events_received"]) > 0,
+        "the timeline is in the file"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -121,16 +121,16 @@ fn preemptor_records(
 
 /// The processes the kernel side saw the target (or its descendants) fork.
 fn forked(probes: &SchedProbes) -> Result<Vec<Forked>> {
-    Ok(probes
-        .children()?
-        .into_iter()
-        .map(|(pid, c)| Forked {
-            pid,
-            parent: c.parent,
-            comm: comm_string(&c.comm),
-            created_ns: c.created_ns,
-        })
-        .collect())
+    Ok(probes.children()?.iter().map(forked_of).collect())
+}
+
+fn forked_of((pid, c): &(u32, tracer_common::ChildProcess)) -> Forked {
+    Forked {
+        pid: *pid,
+        parent: c.parent,
+        comm: comm_string(&c.comm),
+        created_ns: c.created_ns,
+    }
 }
 
 /// The kernel's accounts as read at one instant: running totals since the run's start.
@@ -195,8 +195,15 @@ impl Kernel {
             .collect()
     }
 
-    /// With the accounts of threads the windows' cuts took out (`Windows`): the whole run's.
+    /// The processes the kernel side saw forked (or join), by PID.
+    pub fn forked_pids(&self) -> Vec<u32> {
+        self.forked.iter().map(|f| f.pid).collect()
+    }
+
+    /// With the accounts of threads and processes the windows' cuts took out (`Windows`): the
+    /// whole run's.
     pub fn with_reaped(mut self, r: Reaped) -> Self {
+        self.forked.extend(r.children.iter().map(forked_of));
         self.threads.extend(r.stats);
         self.counters.extend(
             r.counters

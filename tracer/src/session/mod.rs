@@ -16,6 +16,7 @@ mod flight;
 mod wait;
 mod windows;
 
+pub use flight::{FlightStore, Held as FlightHeld};
 pub use windows::{CUT_LAG, Finished};
 
 use crate::{

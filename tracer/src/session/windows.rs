@@ -47,6 +47,8 @@ pub struct Closing {
 pub struct Finished {
     pub cut: Option<Recording>,
     pub last: Recording,
+    /// The flight recorder's records (`--keep`), for a file the last windows trigger.
+    pub flight: Option<super::FlightHeld>,
 }
 
 /// The /proc side at a window's edge: the threads' own counts (the first
@@ -86,6 +88,9 @@ pub struct Windows {
     /// The accounts of threads that ended in earlier windows, which each window's cut drops:
     /// the whole run's final frame needs them (kept only for a trace file).
     whole_reaped: Option<Reaped>,
+    /// Forked processes found exited at the last cut: listed in the window after it too (the
+    /// one with their last moments), then taken out of the kernel's map.
+    exited: BTreeSet<u32>,
     /// Records from before the current window that arrived after it began.
     pub late: u64,
 }
@@ -100,6 +105,7 @@ impl Windows {
             whole_gpu: None,
             whole_cgroups: whole_run.then(Vec::new),
             whole_reaped: whole_run.then(Reaped::default),
+            exited: BTreeSet::new(),
             late: 0,
         }
     }
@@ -201,7 +207,9 @@ impl Session<'_> {
             c.cgroups,
             c.proc_end,
         );
+        let forked = c.kernel.forked_pids();
         let rec = self.window_of(c.kernel, c.col, ended, c.cpu_end)?;
+        self.forget_exited(&forked)?;
         // Threads wholly accounted in this window's reading have been reported in full (one
         // that exited before the end but was read before its last switch is not yet).
         let dead = c.dead;
@@ -216,6 +224,31 @@ impl Session<'_> {
             w.extend(gone);
         }
         Ok(rec)
+    }
+
+    /// Takes the processes found exited at the last cut out of the kernel's map (this window,
+    /// just assembled, listed them for the last time), and notes which of `forked` (the
+    /// window's) have exited since: a service that forks for days would otherwise list every
+    /// process it ever forked in each window, and fill the map. A process this tool's /proc
+    /// cannot show (another PID namespace) stays.
+    fn forget_exited(&mut self, forked: &[u32]) -> Result<()> {
+        let before = std::mem::take(&mut self.windows.exited);
+        let primary = self.targets.primary();
+        self.windows.exited = forked
+            .iter()
+            .copied()
+            .filter(|pid| !before.contains(pid))
+            .filter(|&pid| {
+                primary
+                    .proc_pid_of(pid)
+                    .is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            })
+            .collect();
+        let children = self.probes.forget_children(&before)?;
+        if let Some(w) = self.windows.whole_reaped.as_mut() {
+            w.children.extend(children);
+        }
+        Ok(())
     }
 
     /// Turns the cumulative accounts into the window's, and moves on to the next window.
@@ -400,7 +433,11 @@ impl Session<'_> {
             });
         }
         self.write_trace(&mut rec, whole.as_ref())?;
-        Ok(Finished { cut, last: rec })
+        Ok(Finished {
+            cut,
+            last: rec,
+            flight: self.take_flight(),
+        })
     }
 
     /// Finishes the trace file with the whole run (`whole`, else `rec`, the only window).
@@ -448,5 +485,6 @@ fn forget_ended(finished: &mut Reaped, gone: &BTreeSet<u32>) -> Reaped {
         stats,
         counters,
         cuda,
+        children: Vec::new(),
     }
 }

@@ -17,7 +17,7 @@ use anyhow::Result;
 use crate::{
     analysis::Report,
     recording::{Recording, window::merge},
-    session::Session,
+    session::FlightStore,
 };
 
 pub struct Settings {
@@ -65,7 +65,7 @@ impl Flight {
     /// path written.
     pub fn window(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut dyn FlightStore,
         rec: &Recording,
         report: &Report,
     ) -> Result<Option<PathBuf>> {
@@ -136,7 +136,7 @@ impl Flight {
         })
     }
 
-    fn write(&self, session: &Session<'_>, last: &Recording) -> Result<PathBuf> {
+    fn write(&self, session: &dyn FlightStore, last: &Recording) -> Result<PathBuf> {
         // Only windows whose records are all held (--keep-max-mib), and the last one in any
         // case, saying what it lacks.
         let after = session.flight_complete_after();
@@ -175,7 +175,7 @@ impl Flight {
             .chars()
             .filter(|c| !matches!(c, '-' | ':'))
             .collect();
-        let base = format!("tracer-{}-{stamp}", session.targets().primary().proc_pid);
+        let base = format!("tracer-{}-{stamp}", session.flight_pid());
         let path = unused(&self.s.dir, &base);
         let written = session.write_flight(&path, &merged);
         // The merged copy and the writer's buffers are a peak beside the flight recorder's

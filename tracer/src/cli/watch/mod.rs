@@ -19,7 +19,7 @@ use crate::{
     analysis::{Report, analyze},
     recording::{EndReason, Recording, printable},
     render::{prometheus::Metrics, serde_name},
-    session::{CUT_LAG, Session, SessionOptions, Wake, runtime},
+    session::{CUT_LAG, FlightStore, Session, SessionOptions, Wake, runtime},
     sources::{process, targets::Targets},
 };
 
@@ -173,9 +173,9 @@ struct Sinks {
 }
 
 impl Sinks {
-    /// A closed window to every sink; `session`, while the run goes on, for the flight
-    /// recorder.
-    fn window(&mut self, mut rec: Recording, session: Option<&mut Session<'_>>) -> Result<()> {
+    /// A closed window to every sink; `flight`, where the flight recorder's records are (the
+    /// session while it runs, what it handed over after).
+    fn window(&mut self, mut rec: Recording, flight: Option<&mut dyn FlightStore>) -> Result<()> {
         if let Some(log) = self.latencies.as_mut() {
             match log.window(&rec) {
                 Ok(set) => rec.requests = Some(set),
@@ -188,7 +188,7 @@ impl Sinks {
         self.metrics.set_rss(process::own_rss());
         self.metrics.add(&rec, &report);
         self.windows += 1;
-        if let (Some(f), Some(s)) = (self.flight.as_mut(), session) {
+        if let (Some(f), Some(s)) = (self.flight.as_mut(), flight) {
             self.metrics.set_flight_bytes(s.flight_bytes() as u64);
             if let Err(e) = f.window(s, &rec, &report) {
                 // The watch goes on: the next trigger may find room.
@@ -275,12 +275,18 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
             Wake::TargetExited => break EndReason::TargetExited,
         }
     };
-    let finished = session.finish(end_reason).await?;
+    let mut finished = session.finish(end_reason).await?;
     drop(exporter);
+    // The last windows keep and trigger as every other: a trigger that came just before the
+    // end, or a last window that is not `none`, writes its file.
+    let mut held = finished.flight.take();
     if let Some(c) = finished.cut {
-        sinks.window(c, None)?;
+        sinks.window(c, held.as_mut().map(|h| h as &mut dyn FlightStore))?;
     }
-    sinks.window(finished.last, None)?;
+    sinks.window(
+        finished.last,
+        held.as_mut().map(|h| h as &mut dyn FlightStore),
+    )?;
     if end_reason == EndReason::TargetExited && !args.record.quiet {
         let t = targets.primary();
         eprintln!(

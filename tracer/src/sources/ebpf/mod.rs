@@ -92,6 +92,8 @@ pub struct Reaped {
     pub stats: Vec<ThreadStats>,
     pub counters: Vec<(u32, ThreadCounters)>,
     pub cuda: Vec<(u32, CudaThread)>,
+    /// Processes forked (or joined) that have exited, taken out of `CHILDREN`.
+    pub children: Vec<(u32, tracer_common::ChildProcess)>,
 }
 
 impl Reaped {
@@ -99,6 +101,7 @@ impl Reaped {
         self.stats.extend(other.stats);
         self.counters.extend(other.counters);
         self.cuda.extend(other.cuda);
+        self.children.extend(other.children);
     }
 }
 

@@ -63,6 +63,7 @@ impl SchedProbes {
             stats: dead,
             counters: dead_counters,
             cuda: dead_cuda,
+            children: Vec::new(),
         })
     }
 
@@ -142,6 +143,25 @@ impl SchedProbes {
         let map: HashMap<_, u32, tracer_common::ChildProcess> =
             HashMap::try_from(self.ebpf.map("CHILDREN").context("CHILDREN map")?)?;
         Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    /// Takes the processes `pids` out of `CHILDREN` (they have exited and been reported), and
+    /// returns their entries: else the map holds every process forked in the run, to its
+    /// capacity, and each window lists them all.
+    pub fn forget_children(
+        &mut self,
+        pids: &std::collections::BTreeSet<u32>,
+    ) -> Result<Vec<(u32, tracer_common::ChildProcess)>> {
+        let mut map: HashMap<_, u32, tracer_common::ChildProcess> =
+            HashMap::try_from(self.ebpf.map_mut("CHILDREN").context("CHILDREN map")?)?;
+        let mut out = Vec::new();
+        for &pid in pids {
+            if let Ok(c) = map.get(&pid, 0) {
+                let _ = map.remove(&pid);
+                out.push((pid, c));
+            }
+        }
+        Ok(out)
     }
 
     /// Each target thread's blocked time by who ended it (`WAKERS`).
