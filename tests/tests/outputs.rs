@@ -793,3 +793,75 @@ fn a_flight_dir_that_cannot_be_written_is_refused_at_the_start() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A full disk under `watch --log` costs the windows it has no room for, not the watch: the
+/// log keeps whole lines (a window written in part is taken back out), the later windows are
+/// written once there is room again, and the run ends failing with how many the log lacks.
+/// Before, the first failed write ended the watch, leaving a cut line behind.
+#[test]
+fn a_full_disk_under_the_watch_log_costs_windows_not_the_watch() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("log-full");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a small tmpfs");
+    let _mounted = Mounted(mnt.clone());
+    let log = mnt.join("w.jsonl");
+    let target = spinner();
+    let pid = target.0.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "-c",
+        "6",
+        "--json",
+        "--no-gpu",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lines() < 1 {
+        assert!(Instant::now() < deadline, "no window was written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Fill the file system, for two windows.
+    let filler = mnt.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut f, &block).is_ok() {}
+    drop(f);
+    std::thread::sleep(Duration::from_millis(2200));
+    std::fs::remove_file(&filler).unwrap();
+    let out = t.finish(Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let text = std::fs::read_to_string(&log).unwrap();
+    for l in text.lines() {
+        serde_json::from_str::<serde_json::Value>(l).expect("whole lines only");
+    }
+    let written = text.lines().count();
+    let lost = 6 - written;
+    assert!((1..=3).contains(&lost), "{written} written\n{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{lost} windows could not be written to the log"))
+            && out.stderr.contains("is written again"),
+        "{}",
+        out.stderr
+    );
+    assert!(text.ends_with('\n'));
+    let _ = std::fs::remove_dir_all(&dir);
+}

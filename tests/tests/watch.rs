@@ -901,4 +901,25 @@ fn the_flight_recorders_ceiling_keeps_what_it_can_and_says_so() {
         u(&doc["events_received"]) > 0,
         "the timeline is in the file"
     );
+    // The file says its timeline lacks a stretch, and the verdict what that leaves unjudged.
+    let from = u(&doc["timeline_missing_before_ns"]);
+    assert!(
+        from > u(&doc["start_ns"]) && from <= u(&doc["end_ns"]),
+        "{from}"
+    );
+    assert!(
+        doc["verdict"]["not_assessed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["signal"] == "complete_timeline"),
+        "{}",
+        doc["verdict"]
+    );
+    let text = run_tracer(&["report", trace.to_str().unwrap()]);
+    assert!(
+        text.stdout.contains("--keep-max-mib let them go"),
+        "{}",
+        text.stdout
+    );
 }

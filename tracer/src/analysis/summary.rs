@@ -53,6 +53,10 @@ pub struct Summary {
     pub tracer_cost: Option<crate::recording::TracerCost>,
     /// Timeline events lost to a full ring buffer. The per-thread totals stay exact.
     pub dropped_events: u64,
+    /// The timeline records before this time are missing (a flight-recorder file cut by
+    /// `--keep-max-mib`): the per-request figures and wait samples begin there; the per-thread
+    /// totals stay exact.
+    pub timeline_missing_before_ns: Option<u64>,
     pub events_received: u64,
     pub losses: Losses,
     /// The recording checked against each thread's own counters in /proc over the same
@@ -469,6 +473,7 @@ pub fn build(rec: &Recording) -> Summary {
         incomplete: rec.incomplete.clone(),
         tracer_cost: rec.tracer_cost,
         dropped_events: rec.losses.ringbuf_dropped,
+        timeline_missing_before_ns: rec.timeline_missing_before_ns,
         events_received: rec.events_received,
         losses: rec.losses,
         self_check: super::selfcheck::check(rec),

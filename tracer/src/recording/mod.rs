@@ -209,6 +209,10 @@ pub struct Recording {
     pub host: HostMeta,
     /// Set when this recording was recovered from an incomplete trace file: what is missing.
     pub incomplete: Option<String>,
+    /// The timeline records before this time are missing: the flight recorder's memory
+    /// ceiling (`--keep-max-mib`) let them go. The per-thread totals stay exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_missing_before_ns: Option<u64>,
     /// What the tracer's own process cost over the window (absent from older files).
     #[serde(default)]
     pub tracer_cost: Option<TracerCost>,

@@ -74,6 +74,7 @@ pub fn recording(threads: Vec<ThreadRecord>, preemptors: Vec<PreemptorRecord>) -
         other_cgroups: vec![],
         host: Default::default(),
         incomplete: None,
+        timeline_missing_before_ns: None,
         tracer_cost: None,
         output_error: None,
         timeline: Default::default(),

@@ -183,6 +183,14 @@ pub fn render(r: &Report) -> String {
     if let Some(what) = &s.incomplete {
         let _ = writeln!(out, "  warning: {what}");
     }
+    if let Some(t) = s.timeline_missing_before_ns {
+        let _ = writeln!(
+            out,
+            "  warning: the timeline's first {} are missing (the flight recorder's \
+             --keep-max-mib let them go): per-request figures cover the rest; totals are exact",
+            crate::units::dur(t.saturating_sub(s.start_ns))
+        );
+    }
     if let Some(reason) = &s.probe_fallback_reason {
         let _ = writeln!(out, "  note: classic tracepoints were used: {reason}");
     }

@@ -104,6 +104,15 @@ fn self_check(s: &Summary, out: &mut String) {
 }
 
 fn requests(r: &RequestAnalysis, out: &mut String) {
+    if r.requests == 0 {
+        let _ = writeln!(
+            out,
+            "\nRequests: none ended wholly in the window ({} left out: unpaired, or not wholly \
+             in the window)",
+            r.unpaired
+        );
+        return;
+    }
     let _ = writeln!(
         out,
         "\nRequests: {} decomposed ({} left out: unpaired, or not wholly in the window), p50 {}  p90 {}  p99 {}  max {}; {:.0}% close \
@@ -116,8 +125,16 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         dur(r.max_ns),
         r.closure_within_5pct * 100.0
     );
-    if r.requests == 0 {
-        return;
+    if r.untraced_requests > 0 {
+        let tids: Vec<String> = r.untraced_tids.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            out,
+            "  warning: {} of them name threads this recording does not trace (tid {}): their \
+             time is uncovered; a latency log's tid is the serving thread's kernel id \
+             (gettid()) in a traced process",
+            r.untraced_requests,
+            tids.join(", ")
+        );
     }
     let _ = writeln!(
         out,
@@ -226,5 +243,42 @@ fn signed(ns: f64) -> String {
         format!("-{}", dur((-ns) as u64))
     } else {
         format!("+{}", dur(ns as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::recording::requests::{RequestSet, RequestSource, RequestSpan};
+
+    /// Requests of a thread the recording does not trace are said to be, with the thread; a
+    /// window without requests says none ended in it, not "p99 0ns".
+    #[test]
+    fn requests_say_what_they_could_not_use() {
+        let text = |spans: Vec<RequestSpan>| {
+            let mut rec = crate::recording::testutil::recording(vec![], vec![]);
+            rec.requests = Some(RequestSet {
+                source: RequestSource::File,
+                spans,
+                unpaired: 2,
+            });
+            crate::render::text::render(&crate::analysis::analyze(&rec))
+        };
+        let span = |s| RequestSpan {
+            start_ns: s,
+            end_ns: s + 100,
+            tid: 4242,
+            id: None,
+        };
+        let t = text(vec![span(2_000), span(3_000), span(4_000)]);
+        assert!(
+            t.contains("3 of them name threads this recording does not trace (tid 4242)"),
+            "{t}"
+        );
+        let t = text(vec![]);
+        assert!(
+            t.contains("Requests: none ended wholly in the window (2 left out"),
+            "{t}"
+        );
+        assert!(!t.contains("p99 0ns"), "{t}");
     }
 }

@@ -313,6 +313,7 @@ pub fn recording(
         other_cgroups: cgroups.collect(),
         host: w.host,
         incomplete: None,
+        timeline_missing_before_ns: None,
         tracer_cost: None,
         output_error: None,
         timeline: Default::default(),

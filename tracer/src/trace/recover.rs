@@ -131,6 +131,7 @@ fn partial(
         cgroup: None,
         other_cgroups: vec![],
         host: meta.host.clone(),
+        timeline_missing_before_ns: None,
         incomplete: Some(format!(
             "the trace file was not finished ({why}): per-thread totals are rebuilt from the \
              timeline as far as it goes; preemptors, migration routes, losses and exact kernel \

@@ -82,6 +82,11 @@ pub struct RequestAnalysis {
     pub requests: usize,
     /// Requests that could not be used (see `RequestSet::unpaired`).
     pub unpaired: u64,
+    /// Requests whose serving thread the recording does not trace (a latency log's `tid` that
+    /// is not a thread of the target set): their time is all `uncovered`.
+    pub untraced_requests: usize,
+    /// Those threads (the first 8).
+    pub untraced_tids: Vec<u32>,
     pub p50_ns: u64,
     pub p90_ns: u64,
     pub p99_ns: u64,
@@ -452,6 +457,17 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
         details.push(d);
         queued_spans.push(q);
     }
+    let traced: std::collections::HashSet<u32> = rec.threads.iter().map(|t| t.tid).collect();
+    let untraced: Vec<u32> = set
+        .spans
+        .iter()
+        .map(|s| s.tid)
+        .filter(|t| !traced.contains(t))
+        .collect();
+    let mut untraced_tids = untraced.clone();
+    untraced_tids.sort_unstable();
+    untraced_tids.dedup();
+    untraced_tids.truncate(8);
     let n = details.len();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| (details[i].wall_ns, i));
@@ -517,6 +533,8 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
         source: set.source,
         requests: n,
         unpaired: set.unpaired,
+        untraced_requests: untraced.len(),
+        untraced_tids,
         p50_ns: p50,
         p90_ns: p90,
         p99_ns: p99,

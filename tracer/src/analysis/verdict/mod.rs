@@ -230,7 +230,16 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
                 .into(),
         );
     }
-    if s.dropped_events > 0 {
+    if let Some(t) = s.timeline_missing_before_ns {
+        add(
+            "complete_timeline",
+            format!(
+                "the timeline's first {} were let go by the flight recorder's memory ceiling \
+                 (--keep-max-mib): per-request figures cover the rest, totals are exact",
+                ms(t.saturating_sub(s.start_ns) as f64)
+            ),
+        );
+    } else if s.dropped_events > 0 {
         add(
             "complete_timeline",
             format!(
@@ -250,7 +259,8 @@ pub(crate) fn top_neighbour(s: &Summary) -> Option<&super::neighbours::Neighbour
 }
 
 fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed]) -> String {
-    let latency = s.requests.as_ref().map(|r| {
+    // No request ended in the window: nothing to say of their latency ("p99 0ns").
+    let latency = s.requests.as_ref().filter(|r| r.requests > 0).map(|r| {
         format!(
             "p99 {} is {:.1}x p50 {}",
             ms(r.p99_ns as f64),

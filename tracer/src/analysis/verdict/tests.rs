@@ -308,6 +308,26 @@ fn steady_requests_give_none() {
     assert!(v.not_assessed.iter().any(|n| n.signal == "gpu"));
 }
 
+/// Requests that name a thread the recording does not trace (a latency log's tid from another
+/// process, or a Python thread ident instead of gettid()) are counted and named: their time is
+/// all uncovered.
+#[test]
+fn requests_of_untraced_threads_are_named() {
+    let mut s = Server::new();
+    s.serve(50, 1000, &NORMAL, &NORMAL);
+    let mut rec = s.finish(vec![]);
+    let set = rec.requests.as_mut().unwrap();
+    for span in set.spans.iter_mut().take(3) {
+        span.tid = 4242;
+    }
+    let report = analyze(&rec);
+    let r = report.summary.requests.as_ref().unwrap();
+    assert_eq!(
+        (r.untraced_requests, r.untraced_tids.clone()),
+        (3, vec![4242])
+    );
+}
+
 #[test]
 fn futex_waits_a_sibling_ends_are_lock_contention_with_the_holder() {
     let mut s = Server::new();

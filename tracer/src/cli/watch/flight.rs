@@ -167,7 +167,11 @@ impl Flight {
             kept.extend(self.windows.back());
         }
         let recs: Vec<Recording> = kept.iter().map(|w| w.0.clone()).collect();
-        let merged = merge(&recs).expect("the window just closed is kept");
+        let mut merged = merge(&recs).expect("the window just closed is kept");
+        if let Some(t) = after.filter(|&t| t >= merged.start_ns) {
+            // The last window alone, its records before `t` gone: the file says so.
+            merged.timeline_missing_before_ns = Some(t.min(merged.end_ns));
+        }
         let when = std::time::UNIX_EPOCH + Duration::from_nanos(last.host.unix_ns(last.end_ns));
         // 2026-12-02T07:12:30Z -> 20261202T071230Z: no colons in a file name.
         let stamp: String = humantime::format_rfc3339_seconds(when)

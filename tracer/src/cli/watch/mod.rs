@@ -269,7 +269,7 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
                 sinks.window(rec, Some(&mut session))?;
                 next += args.interval;
             }
-            Wake::Hangup => sinks.out.reopen()?,
+            Wake::Hangup => sinks.out.reopen(),
             Wake::Trigger => trigger(&mut sinks),
             Wake::Interrupted => break EndReason::Interrupted,
             Wake::TargetExited => break EndReason::TargetExited,
@@ -297,7 +297,7 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
             sinks.windows
         );
     }
-    Ok(())
+    sinks.out.finish()
 }
 
 /// While a cut window's last records arrive: the signals still act; one that ends the run
@@ -307,7 +307,7 @@ async fn lag(session: &mut Session<'_>, sinks: &mut Sinks) -> Result<Option<EndR
     loop {
         match session.wait(Some(until)).await? {
             Wake::Deadline => return Ok(None),
-            Wake::Hangup => sinks.out.reopen()?,
+            Wake::Hangup => sinks.out.reopen(),
             Wake::Trigger => trigger(sinks),
             Wake::Interrupted => return Ok(Some(EndReason::Interrupted)),
             Wake::TargetExited => return Ok(Some(EndReason::TargetExited)),
@@ -341,7 +341,9 @@ fn line(rec: &Recording, r: &Report) -> String {
         )),
         None => out.push_str(&serde_name(&v.primary)),
     }
-    if let Some(q) = &s.requests {
+    if let Some(q) = s.requests.as_ref().filter(|q| q.requests == 0) {
+        out.push_str(&format!("  no requests ({} left out)", q.unpaired));
+    } else if let Some(q) = &s.requests {
         out.push_str(&format!(
             "  p99 {} ({} requests)",
             crate::units::dur(q.p99_ns),

@@ -37,9 +37,16 @@ pub fn check(path: &Path) -> Result<()> {
     }
 }
 
+/// Where the windows go. A log that cannot be written (a full disk) costs the window, not
+/// the watch: the exporter and the flight recorder go on, the next window is tried, and the
+/// run fails at its end with how many windows the log lacks. A window that could not be
+/// written whole is taken back out, so the log stays whole lines.
 pub struct Out {
     path: Option<PathBuf>,
     file: Option<File>,
+    /// Windows the log lacks, and whether the last one was among them.
+    lost: u64,
+    failing: bool,
 }
 
 fn open(path: &Path) -> Result<File> {
@@ -54,39 +61,91 @@ fn open(path: &Path) -> Result<File> {
         .with_context(|| format!("opening the log {}", path.display()))
 }
 
+/// Appends `bytes` whole or not at all.
+fn append(f: &mut File, bytes: &[u8]) -> std::io::Result<()> {
+    let before = f.metadata()?.len();
+    f.write_all(bytes).inspect_err(|_| {
+        let _ = f.set_len(before);
+    })
+}
+
 impl Out {
     pub fn open(path: Option<&Path>) -> Result<Self> {
         Ok(Self {
             path: path.map(Path::to_path_buf),
             file: path.map(open).transpose()?,
+            lost: 0,
+            failing: false,
         })
     }
 
-    /// Reopens the log by its path (a no-op on standard output).
-    pub fn reopen(&mut self) -> Result<()> {
+    /// Reopens the log by its path (a no-op on standard output). One that cannot be opened
+    /// (its directory gone) leaves the one open before in use, and says so.
+    pub fn reopen(&mut self) {
         if let Some(p) = &self.path {
-            self.file = Some(open(p)?);
+            match open(p) {
+                Ok(f) => self.file = Some(f),
+                Err(e) => eprintln!(
+                    "tracer: SIGHUP: {e:#}; the windows still go to the log open before (SIGHUP \
+                     again to retry)"
+                ),
+            }
         }
-        Ok(())
     }
 
     pub fn line(&mut self, text: &str) -> Result<()> {
         let text = crate::recording::terminal_safe(text) + "\n";
-        match self.file.as_mut() {
-            Some(f) => f
-                .write_all(text.as_bytes())
-                .context("writing the window to the log"),
-            None => crate::cli::emit::stdout(&text),
-        }
+        self.put(text.into_owned().into_bytes())
     }
 
     pub fn json(&mut self, doc: &impl serde::Serialize) -> Result<()> {
-        match self.file.as_mut() {
-            Some(f) => {
-                crate::render::write_json_line(doc, f).context("writing the window to the log")
+        let mut bytes = Vec::new();
+        crate::render::write_json_line(doc, &mut bytes)?;
+        self.put(bytes)
+    }
+
+    fn put(&mut self, bytes: Vec<u8>) -> Result<()> {
+        let (Some(f), Some(path)) = (self.file.as_mut(), &self.path) else {
+            let mut out = std::io::stdout().lock();
+            return out
+                .write_all(&bytes)
+                .and_then(|()| out.flush())
+                .context("writing the window to standard output");
+        };
+        match append(f, &bytes) {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                eprintln!(
+                    "tracer: the log {} is written again ({} windows are missing from it)",
+                    path.display(),
+                    self.lost
+                );
             }
-            None => crate::render::write_json_line(doc, std::io::stdout().lock())
-                .context("writing the window to standard output"),
+            Ok(()) => {}
+            Err(e) => {
+                self.lost += 1;
+                if !std::mem::replace(&mut self.failing, true) {
+                    eprintln!(
+                        "tracer: writing the window to the log {}: {e}; the watch goes on and \
+                         tries again at the next window",
+                        path.display()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// At the end: an error if windows are missing from the log.
+    pub fn finish(&self) -> Result<()> {
+        match (&self.path, self.lost) {
+            (Some(p), n) if n > 0 => {
+                anyhow::bail!(
+                    "{n} windows could not be written to the log {}",
+                    p.display()
+                )
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -107,11 +166,43 @@ mod tests {
         let rotated = dir.join("watch.log.1");
         std::fs::rename(&log, &rotated).unwrap();
         out.line("two").unwrap();
-        out.reopen().unwrap();
+        out.reopen();
         out.line("three").unwrap();
         assert_eq!(std::fs::read_to_string(&rotated).unwrap(), "one\ntwo\n");
         assert_eq!(std::fs::read_to_string(&log).unwrap(), "three\n");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Its directory gone at SIGHUP: the open log stays in use. A window the disk has no room
+    /// for is left out whole, and the watch ends failing with the count.
+    #[test]
+    fn a_log_that_fails_costs_windows_not_the_watch() {
+        let dir = std::env::temp_dir().join(format!("tracer-log-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("watch.log");
+        let mut out = Out::open(Some(&log)).unwrap();
+        let held = std::fs::OpenOptions::new().read(true).open(&log).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        out.reopen();
+        out.line("one").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut &held, &mut text).unwrap();
+        assert_eq!(text, "one\n");
+        assert!(out.finish().is_ok());
+        // No room: /dev/full fails every write, as a full disk does.
+        out.file = Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        );
+        out.line("two").unwrap();
+        out.line("three").unwrap();
+        let e = out.finish().unwrap_err();
+        assert!(
+            format!("{e}").starts_with("2 windows could not be written"),
+            "{e}"
+        );
     }
 
     #[test]
