@@ -35,6 +35,21 @@ fn pid_zero_and_bad_durations_are_usage_errors() {
     let out = run_tracer(&["attach", "--pid", "1", "--duration", "soon"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stderr.contains("invalid duration"), "{}", out.stderr);
+    // watch's flight-recorder settings that could never act are refused, not taken.
+    for (args, needle) in [
+        (
+            &["--keep", "10s", "--trigger-p99", "1s"][..],
+            "needs requests",
+        ),
+        (&["--keep", "10s", "--max-files", "0"][..], "--max-files"),
+        (&["--trigger-every", "1m"][..], "--keep"),
+    ] {
+        let mut all = vec!["watch", "--pid", "1"];
+        all.extend_from_slice(args);
+        let out = run_tracer(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
+    }
 }
 
 #[test]

@@ -37,6 +37,18 @@ fn get(port: u16, path: &str) -> Option<String> {
         .map(|_| body.to_string())
 }
 
+/// The status `method path` gets from 127.0.0.1:`port`, and the body.
+fn ask(port: u16, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let (head, body) = all.split_once("\r\n\r\n").unwrap_or((&all, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    (code.unwrap_or(0), body.to_string())
+}
+
 /// A PromQL instant query's result vector.
 fn query(port: u16, promql: &str) -> Vec<Value> {
     let q: String = promql
@@ -195,6 +207,12 @@ fn prometheus_scrapes_the_scheduling_cause_the_hog_injected() {
             );
         }
     }
+    // HEAD as GET without the body; a trigger without a flight recorder says there is none.
+    let (code, body) = ask(exporter, "HEAD", "/metrics");
+    assert_eq!((code, body.as_str()), (200, ""));
+    let (code, body) = ask(exporter, "POST", "/trigger");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("--keep"), "{body}");
     tracer.signal(libc::SIGINT);
     let out = tracer.finish(Duration::from_secs(20));
     assert!(out.status.success(), "{}", out.stderr);

@@ -158,7 +158,7 @@ impl RequestArgs {
         })
     }
 
-    fn wanted(&self) -> bool {
+    pub fn wanted(&self) -> bool {
         self.request_start.is_some() || self.latencies.is_some()
     }
 }
@@ -249,6 +249,7 @@ impl RecordArgs {
             keep_timeline: self.outputs.need_timeline() || self.requests.wanted(),
             flight: None,
             windows: false,
+            until: None,
         }
     }
 }

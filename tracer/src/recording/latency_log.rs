@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use super::requests::{RequestSet, RequestSource, RequestSpan};
 
+/// A line's fields; others (a server's own: path, status, model) are let be.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct LogLine {
     #[serde(default)]
     clock: Option<String>,
@@ -63,6 +63,12 @@ impl LogParser {
     ) -> Result<Option<RequestSpan>> {
         self.line += 1;
         let n = self.line;
+        // A file written by a Windows-minded tool may begin with a byte-order mark.
+        let line = if n == 1 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            line
+        };
         let line = line.trim();
         if line.is_empty() {
             return Ok(None);
@@ -225,6 +231,9 @@ mod tests {
                     {\"start_ns\": 9000, \"end_ns\": 9100, \"tid\": 6}\n";
         let set = parse_latency_log(text, 1000, (0, 1000)).unwrap();
         assert_eq!(set.spans.len(), 2);
+        // A byte-order mark, and fields of the server's own.
+        let text = "\u{feff}{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 5, \"path\": \"/v1\"}\n";
+        assert_eq!(parse_latency_log(text, 0, (0, 10)).unwrap().spans.len(), 1);
         assert_eq!((set.spans[1].start_ns, set.spans[1].end_ns), (100, 300));
         assert_eq!(set.spans[1].id, Some(3));
         assert_eq!(set.unpaired, 1);

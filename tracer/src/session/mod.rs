@@ -63,6 +63,9 @@ pub struct SessionOptions {
     /// end, so idle CPUs' records must be sent to it (an idle sender) rather than taken at the
     /// end.
     pub windows: bool,
+    /// How the run ends, in words, where that is not `duration` nor the target's exit (a
+    /// watch of N windows, or of a cgroup).
+    pub until: Option<String>,
 }
 
 pub struct GpuSettings {
@@ -444,9 +447,10 @@ fn notices(
         );
     }
     let target = targets.primary();
-    let until = match opts.duration {
-        Some(d) => format!("for {}", crate::units::given(d)),
-        None => "until it exits".to_string(),
+    let until = match (&opts.until, opts.duration) {
+        (Some(u), _) => u.clone(),
+        (None, Some(d)) => format!("for {}", crate::units::given(d)),
+        (None, None) => "until it exits".to_string(),
     };
     let host = if target.pid != target.proc_pid {
         format!(", PID {} on the host", target.pid)

@@ -68,10 +68,12 @@ pub struct WatchArgs {
     #[arg(long, requires = "keep")]
     pub no_auto_trigger: bool,
     /// At most one flight-recorder file per DUR: a storm of triggers writes one.
-    #[arg(long, value_name = "DUR", default_value = "5m", value_parser = crate::units::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "5m", requires = "keep",
+          value_parser = crate::units::parse_duration)]
     pub trigger_every: Duration,
     /// At most N flight-recorder files in all.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "keep",
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub max_files: u64,
     #[command(flatten)]
     pub record: RecordArgs,
@@ -92,6 +94,14 @@ pub fn run(args: WatchArgs) -> Result<()> {
              `tracer report FILE --html PAGE`"
         );
     }
+    if args.trigger_p99.is_some() && !args.record.requests.wanted() {
+        return Err(crate::error::TracerError::Usage {
+            message: "--trigger-p99 needs requests to take a p99 of: give --latencies FILE or \
+                      --request-start/--request-end"
+                .into(),
+        }
+        .into());
+    }
     args.record.check_inputs_and_outputs(false)?;
     if let Some(e) = &args.otlp {
         otlp::check_endpoint(e)?;
@@ -110,6 +120,14 @@ pub fn run(args: WatchArgs) -> Result<()> {
     opts.progress = false;
     opts.flight = args.keep.map(|_| (args.keep_max_mib as usize) << 20);
     opts.windows = true;
+    let each = crate::units::given(args.interval);
+    opts.until = Some(match args.count {
+        Some(n) => format!("for {n} windows of {each}"),
+        None if args.target.cgroup.is_some() && args.target.pid.is_empty() => {
+            format!("in windows of {each} until stopped")
+        }
+        None => format!("in windows of {each} until it exits"),
+    });
     runtime()?.block_on(watch(&args, &targets, &opts))
 }
 
@@ -212,7 +230,11 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let exporter = match args.prometheus {
-        Some(a) => Some(serve::Exporter::start(a, Arc::clone(&metrics), trigger_tx)?),
+        Some(a) => Some(serve::Exporter::start(
+            a,
+            Arc::clone(&metrics),
+            args.keep.is_some().then_some(trigger_tx),
+        )?),
         None => None,
     };
     let out = out::Out::open(args.log.as_deref())?;

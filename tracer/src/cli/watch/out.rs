@@ -54,7 +54,9 @@ fn open(path: &Path) -> Result<File> {
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o644)
+        // The windows name the target's processes with their command lines, which may carry
+        // secrets: not for every user (0640, as system logs are; a log made before keeps its).
+        .mode(0o640)
         // Checked above; a symlink put there since is not followed.
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)

@@ -19,11 +19,12 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    /// Listens on `addr` (port 0: any free port, which `addr` then says).
+    /// Listens on `addr` (port 0: any free port, which `addr` then says). `trigger`: where
+    /// `POST /trigger` goes, when there is a flight recorder.
     pub fn start(
         addr: SocketAddr,
         metrics: Arc<Metrics>,
-        trigger: UnboundedSender<()>,
+        trigger: Option<UnboundedSender<()>>,
     ) -> Result<Self> {
         let server = tiny_http::Server::http(addr).map_err(|e| {
             anyhow!("--prometheus {addr}: cannot listen there ({e}); give a free address:port")
@@ -36,7 +37,7 @@ impl Exporter {
         let s = Arc::clone(&server);
         let thread = std::thread::Builder::new()
             .name("tracer-http".into())
-            .spawn(move || serve(&s, &metrics, &trigger))?;
+            .spawn(move || serve(&s, &metrics, trigger.as_ref()))?;
         Ok(Self {
             server,
             thread: Some(thread),
@@ -54,24 +55,31 @@ impl Drop for Exporter {
     }
 }
 
-fn serve(server: &tiny_http::Server, metrics: &Metrics, trigger: &UnboundedSender<()>) {
+fn serve(server: &tiny_http::Server, metrics: &Metrics, trigger: Option<&UnboundedSender<()>>) {
     use tiny_http::{Header, Method, Response};
     // `recv` fails once `unblock` was called.
     while let Ok(req) = server.recv() {
         let path = req.url().split('?').next().unwrap_or("").to_string();
         let response = match (req.method(), path.as_str()) {
-            (Method::Get, "/metrics") => Response::from_string(metrics.encode()).with_header(
-                Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header"),
-            ),
-            (Method::Post, "/trigger") => {
-                let sent = trigger.send(()).is_ok();
-                Response::from_string(if sent {
-                    "the flight recorder will write its trace file\n"
-                } else {
-                    "the watch is ending\n"
-                })
-                .with_status_code(if sent { 202 } else { 503 })
-            }
+            // HEAD: the same headers, no body (tiny_http leaves it out).
+            (Method::Get | Method::Head, "/metrics") => Response::from_string(metrics.encode())
+                .with_header(
+                    Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header"),
+                ),
+            (Method::Post, "/trigger") => match trigger.map(|t| t.send(())) {
+                Some(Ok(())) => Response::from_string(
+                    "the flight recorder writes its trace file at the close of this window, \
+                     unless --trigger-every or --max-files hold it back\n",
+                )
+                .with_status_code(202),
+                Some(Err(_)) => {
+                    Response::from_string("the watch is ending\n").with_status_code(503)
+                }
+                None => Response::from_string(
+                    "no flight recorder: start the watch with --keep DUR to have one\n",
+                )
+                .with_status_code(409),
+            },
             (Method::Get, "/") => Response::from_string(
                 "tracer watch: GET /metrics (Prometheus), POST /trigger (flight recorder)\n",
             ),
