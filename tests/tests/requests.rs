@@ -162,3 +162,95 @@ fn bad_request_options_are_clear_errors() {
     assert!(out.stderr.contains("line 1"), "{}", out.stderr);
     let _ = std::fs::remove_file(&bad);
 }
+
+/// `tracer watch` with markers: a request that began in one window and ended in the next is
+/// the next window's, decomposed on both (before, each such request was left out of both
+/// windows: an open start in one, an end without a start in the other). Requests of some
+/// 340 ms at one a second, windows of 1.25 s: the five inner edges fall a quarter second later
+/// in the second each time, so one falls inside a request, whatever the phase; and a request
+/// crosses two edges only if the machine makes it 3.6 times slower.
+#[test]
+fn a_watch_decomposes_requests_across_its_windows() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-requests-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("requests.jsonl");
+    let mut server = Command::new(tracer_bin())
+        .args([
+            "workload",
+            "--workers=1",
+            "--rate=1",
+            "--work-us=500000",
+            "--cpus=0",
+            "--duration=11s",
+        ])
+        .arg(format!("--latency-log={}", log.display()))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let exe = tracer_bin().display().to_string();
+    let (start, end) = (
+        format!("{exe}:tracer_request_start"),
+        format!("{exe}:tracer_request_end"),
+    );
+    let pid = server.id().to_string();
+    let out = run_tracer(&[
+        "watch",
+        "--pid",
+        &pid,
+        "-i",
+        "1250ms",
+        "--count",
+        "6",
+        "--json",
+        "--quiet",
+        "--no-gpu",
+        "--request-start",
+        &start,
+        "--request-end",
+        &end,
+        "--request-id-arg",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    server.wait().unwrap();
+    let windows: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(windows.len(), 6, "{}", out.stdout);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let logged: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["start_ns"].is_u64())
+        .map(|v| (u(&v["start_ns"]), u(&v["end_ns"])))
+        .collect();
+    let mut across = 0;
+    for i in 1..windows.len() {
+        let w = &windows[i];
+        let (w0, w1) = (u(&w["start_ns"]), u(&w["end_ns"]));
+        let ended = |from: u64| {
+            logged
+                .iter()
+                .filter(|&&(s, e)| s >= from && e >= w0 && e <= w1)
+                .count() as u64
+        };
+        let r = &w["requests"];
+        // The server's clock reads just inside the markers, microseconds from them: with a
+        // request a second, none is that near an edge.
+        let from = u(&windows[i - 1]["start_ns"]);
+        assert_eq!(u(&r["requests"]), ended(from), "window {i}: {r}");
+        // None left out: what began before ended here, and what is open goes on to the next
+        // (the last window's is open at the run's end).
+        if i + 1 < windows.len() {
+            assert_eq!(u(&r["unpaired"]), 0, "window {i}: {r}");
+        }
+        assert!(r["closure_within_5pct"].as_f64().unwrap() >= 0.99, "{r}");
+        across += ended(from) - ended(w0);
+    }
+    assert!(across >= 1, "no request crossed a window's edge");
+    let _ = std::fs::remove_dir_all(&dir);
+}

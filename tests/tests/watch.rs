@@ -504,22 +504,24 @@ fn processes_that_exited_leave_the_later_windows() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A server's log of request latencies: 3 ms busy and 2 ms asleep per request, every 40th
-/// held 300 ms (it crosses some window's start), and one malformed line after the 300th.
+/// A server's log of request latencies: 2 ms busy and 1 ms asleep per request, every 50th held
+/// 0.95 s (with 1 s windows, 19 in 20 cross one window's start, none two), and one malformed
+/// line after the 100th.
 const LOGGER: &str = "import sys, threading, time\n\
 log = open(sys.argv[1], 'a', buffering=1)\n\
 tid = threading.get_native_id()\n\
 n = 0\n\
 while True:\n\
 \x20   s = time.monotonic_ns(); t = time.monotonic()\n\
-\x20   while time.monotonic() - t < 0.003: pass\n\
-\x20   time.sleep(0.3 if n % 40 == 39 else 0.002)\n\
+\x20   while time.monotonic() - t < 0.002: pass\n\
+\x20   time.sleep(0.95 if n % 50 == 49 else 0.001)\n\
 \x20   log.write('{\"start_ns\": %d, \"end_ns\": %d, \"tid\": %d}\\n' % (s, time.monotonic_ns(), tid))\n\
 \x20   n += 1\n\
-\x20   if n == 300: log.write('not json\\n')\n";
+\x20   if n == 100: log.write('not json\\n')\n";
 
 /// `watch --latencies` reads what the server appended since the last window: every request in
-/// the log goes to the window it ended in, or is counted once as left out of it. What was there
+/// the log goes to the window it ended in (one that began in the window before is decomposed on
+/// both), or is counted once as left out of it. What was there
 /// before the watch is no window's (a malformed line in it costs nothing: read whole each
 /// window, as before, it cost every window its requests), and a malformed line written during
 /// the watch costs only itself.
@@ -557,34 +559,56 @@ fn each_window_reads_the_requests_appended_to_the_log() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .map(|v| (u(&v["start_ns"]), u(&v["end_ns"])))
         .collect();
-    assert!(logged.len() > 300, "{} requests", logged.len());
+    assert!(logged.len() > 100, "{} requests", logged.len());
     let mut taken = 0;
+    let mut across = 0;
     for (i, w) in windows.iter().enumerate() {
         let (start, end) = (u(&w["start_ns"]), u(&w["end_ns"]));
+        // A request that began in the window before is this one's too, decomposed on both.
+        let from = if i == 0 {
+            start
+        } else {
+            u(&windows[i - 1]["start_ns"])
+        };
         let r = &w["requests"];
         assert!(r.is_object(), "window {i} has no requests: {}", out.stderr);
-        let inside = logged
-            .iter()
-            .filter(|&&(s, e)| s >= start && e <= end)
-            .count();
-        assert_eq!(u(&r["requests"]) as usize, inside, "window {i}");
-        // Decomposed by the window's own timeline: each one covered end to end.
+        let ended = |from: u64| {
+            logged
+                .iter()
+                .filter(|&&(s, e)| s >= from && e >= start && e <= end)
+                .count()
+        };
+        // The server writes each line as its request ends; one written more than the cut's
+        // lag (250 ms) late, under a load that stops the writer that long, is the next
+        // window's, counted there as late: one such line is let pass.
+        let got = u(&r["requests"]) as usize;
+        assert!(
+            got.abs_diff(ended(from)) <= 1,
+            "window {i}: {got} of {}",
+            ended(from)
+        );
+        across += ended(from) - ended(start);
+        // Each one covered end to end, by this window's timeline or both windows'.
         assert_eq!(r["closure_within_5pct"], 1.0, "window {i}: {r}");
         taken += u(&r["requests"]) + u(&r["unpaired"]);
     }
+    assert!(across >= 1, "no request crossed a window's start");
     let (first, last) = (u(&windows[0]["start_ns"]), u(&windows[4]["end_ns"]));
     let ended = logged
         .iter()
         .filter(|&&(_, e)| e >= first && e <= last)
         .count();
-    assert_eq!(taken as usize, ended, "each request once");
+    assert!(
+        (taken as usize).abs_diff(ended) <= 1,
+        "each request once: {taken} of {ended}"
+    );
     assert_eq!(
         out.stderr.matches("line(s) left out").count(),
         1,
         "{}",
         out.stderr
     );
-    assert!(out.stderr.contains("line 100302"), "{}", out.stderr);
+    assert!(out.stderr.contains("line 100102"), "{}", out.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -815,7 +839,9 @@ fn a_trigger_just_before_the_end_writes_its_file() {
     ]);
     std::thread::sleep(Duration::from_millis(2000));
     t.signal(libc::SIGUSR1);
-    std::thread::sleep(Duration::from_millis(100));
+    // Apart enough that the loop takes the trigger first (it picks among signals that are
+    // both ready at random).
+    std::thread::sleep(Duration::from_millis(500));
     t.signal(libc::SIGTERM);
     let out = t.finish(Duration::from_secs(30));
     assert!(out.status.success(), "{}", out.stderr);

@@ -442,8 +442,10 @@ pub fn on_process_fork(child: u32, parent: u32, comm: Comm) -> bool {
         comm: [0; COMM_LEN],
     };
     read_comm(&mut c.comm, comm);
-    // -E2BIG: the map is full (an entry already there, -EEXIST, is a fork seen twice).
-    if CHILDREN.insert(child, c, BPF_NOEXIST) == Err(-7) {
+    // An entry already there is of a process that had this PID before and exited (userspace
+    // takes those out a window after their exit): the new one replaces it. -E2BIG: the map is
+    // full.
+    if CHILDREN.insert(child, c, 0) == Err(-7) {
         count(Counter::ChildMapFull);
         anomaly!(
             "child map full: the fork of {} by {} is not noted",

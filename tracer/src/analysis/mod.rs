@@ -23,7 +23,16 @@ pub use report::Report;
 /// The report on a recording: the summary built whole, then judged (`verdict::judge` reads
 /// the finished summary), the two side by side.
 pub fn analyze(rec: &crate::recording::Recording) -> Report {
-    let summary = summary::build(rec);
+    analyze_after(rec, None)
+}
+
+/// The report on a watch window, `prev` the window just before it: a request that began there
+/// is decomposed on both (without it, left out).
+pub fn analyze_after(
+    rec: &crate::recording::Recording,
+    prev: Option<&crate::recording::Recording>,
+) -> Report {
+    let summary = summary::build_after(rec, prev);
     let verdict = verdict::judge(&summary);
     Report { summary, verdict }
 }

@@ -422,6 +422,12 @@ fn totals(threads: &[ThreadRecord]) -> Totals {
 
 /// The summary, which the verdict reads (`analysis::analyze` judges it).
 pub fn build(rec: &Recording) -> Summary {
+    build_after(rec, None)
+}
+
+/// The summary of a watch window, `prev` the one before it (requests that began there are
+/// decomposed on both).
+pub fn build_after(rec: &Recording, prev: Option<&Recording>) -> Summary {
     let mut threads: Vec<ThreadSummary> =
         rec.threads.iter().map(|t| thread_summary(rec, t)).collect();
     threads.sort_by(|a, b| {
@@ -461,7 +467,7 @@ pub fn build(rec: &Recording) -> Summary {
         pid: rec.target.pid,
         comm: rec.target.comm.clone(),
         cmdline: rec.target.cmdline.clone(),
-        requests: super::requests::analyze(rec),
+        requests: super::requests::analyze(rec, prev),
         duration_ns: rec.duration_ns(),
         start_ns: rec.start_ns,
         end_ns: rec.end_ns,

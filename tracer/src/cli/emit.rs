@@ -49,6 +49,8 @@ pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
         (rec.start_ns, rec.end_ns),
     )
     .with_context(|| format!("{}", path.display()))?;
+    let mut set = set;
+    crate::recording::latency_log::to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
     rec.requests = Some(set);
     Ok(())
 }

@@ -149,6 +149,20 @@ pub fn parse_latency_log(
     Ok(set(inside, outside.len() as u64))
 }
 
+/// Moves a log's thread IDs to the kernel's, where the tool runs in a PID namespace of its own
+/// (`ns`, the recording's): a server there logs the IDs gettid() gives it, which are the
+/// namespace's, while the recording names threads by the kernel's.
+pub fn to_kernel_tids(set: &mut RequestSet, ns: Option<&super::PidNamespaceIds>) {
+    let Some(ns) = ns else { return };
+    let kernel: std::collections::HashMap<u32, u32> =
+        ns.ids.iter().map(|(&k, &n)| (n, k)).collect();
+    for s in &mut set.spans {
+        if let Some(&k) = kernel.get(&s.tid) {
+            s.tid = k;
+        }
+    }
+}
+
 fn set(mut spans: Vec<RequestSpan>, unpaired: u64) -> RequestSet {
     spans.sort_by_key(|s| s.end_ns);
     RequestSet {
@@ -180,13 +194,14 @@ impl PendingSpans {
     }
 
     /// The requests of the window `[start, end]`, with the log read up to `now`
-    /// (CLOCK_MONOTONIC). Those that ended in it and began in it are its own; those that began
-    /// before it (they crossed its start), ended before it (written late) or end after `now`
-    /// (another clock) are counted as unpaired; those that end after the window wait for the
-    /// next. A window with none of its own but some written late or on another clock is an
-    /// error that says which: its requests are not what the log holds.
+    /// (CLOCK_MONOTONIC): those that ended in it, some begun in an earlier window (the analysis
+    /// decomposes their earlier part on the window before, or leaves them out). Those that
+    /// ended before it (written late) or end after `now` (another clock) are counted as
+    /// unpaired; those that end after the window wait for the next. A window with none of its
+    /// own but some written late or on another clock is an error that says which: its
+    /// requests are not what the log holds.
     pub fn take(&mut self, (start, end): (u64, u64), now: u64) -> Result<RequestSet> {
-        let (mut inside, mut crossing, mut late, mut future) = (Vec::new(), 0u64, 0u64, 0u64);
+        let (mut inside, mut late, mut future) = (Vec::new(), 0u64, 0u64);
         self.spans.retain(|s| {
             if s.end_ns > now.saturating_add(FUTURE_SLACK_NS) {
                 future += 1;
@@ -194,8 +209,6 @@ impl PendingSpans {
                 return true;
             } else if s.end_ns < start {
                 late += u64::from(self.begun);
-            } else if s.start_ns < start {
-                crossing += 1;
             } else {
                 inside.push(*s);
             }
@@ -215,7 +228,7 @@ impl PendingSpans {
                  \"clock\" line states"
             );
         }
-        Ok(set(inside, crossing + late + future))
+        Ok(set(inside, late + future))
     }
 }
 
@@ -279,8 +292,8 @@ mod tests {
     }
 
     /// Each request read goes to exactly one window, or is counted once as unpaired: the one
-    /// that ends after the window waits for the next; one across the edge, one written late
-    /// and one from the future are counted.
+    /// that ends after the window waits for the next, one across its start is the window's it
+    /// ends in; one written late and one from the future are counted.
     #[test]
     fn each_request_goes_to_the_window_it_ends_in() {
         let mut p = PendingSpans::default();
@@ -305,9 +318,10 @@ mod tests {
         }
         let w2 = p.take((2_000, 3_000), 3_100).unwrap();
         let got: Vec<_> = w2.spans.iter().map(|s| s.start_ns).collect();
-        assert_eq!(got, vec![2_100, 2_300]);
-        // Across the edge (1_900), written late (1_100), from the future.
-        assert_eq!(w2.unpaired, 3);
+        // Across the edge (1_900) too: the analysis decides.
+        assert_eq!(got, vec![2_100, 1_900, 2_300]);
+        // Written late (1_100), from the future.
+        assert_eq!(w2.unpaired, 2);
         assert!(p.spans.is_empty());
         // A window with nothing of its own but requests written late says so.
         p.push(span(2_500, 2_600));
@@ -315,5 +329,24 @@ mod tests {
         assert!(format!("{e}").contains("ended before it began"), "{e}");
         // An empty window is no error: the server had no requests.
         assert_eq!(p.take((4_000, 5_000), 5_100).unwrap().spans.len(), 0);
+    }
+
+    /// A tool in a PID namespace of its own reads the namespace's thread IDs from the log and
+    /// names them as the kernel does; an ID it has no mapping for stays.
+    #[test]
+    fn namespace_thread_ids_become_the_kernels() {
+        let mut set = parse_latency_log(
+            "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 7}\n{\"start_ns\": 3, \"end_ns\": 4, \"tid\": 9}\n",
+            0,
+            (0, 10),
+        )
+        .unwrap();
+        let ns = super::super::PidNamespaceIds {
+            inode: 1,
+            ids: [(4007, 7)].into_iter().collect(),
+        };
+        to_kernel_tids(&mut set, Some(&ns));
+        let tids: Vec<u32> = set.spans.iter().map(|s| s.tid).collect();
+        assert_eq!(tids, vec![4007, 9]);
     }
 }

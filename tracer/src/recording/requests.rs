@@ -44,6 +44,9 @@ pub struct RequestSet {
     pub unpaired: u64,
 }
 
+/// Starts not yet ended: by request id, and by thread (innermost last).
+pub type Open = (HashMap<u64, u64>, HashMap<u32, Vec<u64>>);
+
 /// Pairs marker calls into requests: by request id when the markers carry one (a request may
 /// start on one thread and end on another), else per thread, the innermost open start.
 #[derive(Debug, Default)]
@@ -51,7 +54,9 @@ pub struct Pairing {
     by_id: HashMap<u64, u64>,
     by_thread: HashMap<u32, Vec<u64>>,
     pub spans: Vec<RequestSpan>,
-    unmatched_ends: u64,
+    /// Ends without a start (thread, id, time): begun before the recording, or in the window
+    /// before, whose starts `adopt` brings.
+    orphans: Vec<(u32, Option<u64>, u64)>,
     /// Any marker call was seen.
     pub seen: bool,
 }
@@ -82,10 +87,48 @@ impl Pairing {
                         tid: ev.tid,
                         id: has_id.then_some(ev.value),
                     }),
-                    None => self.unmatched_ends += 1,
+                    None => self
+                        .orphans
+                        .push((ev.tid, has_id.then_some(ev.value), ev.ts_ns)),
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The starts still open (by id, by thread), taken out: they end in a later window.
+    pub fn take_open(&mut self) -> Open {
+        (
+            std::mem::take(&mut self.by_id),
+            std::mem::take(&mut self.by_thread),
+        )
+    }
+
+    /// Takes in the starts left open by the window before: the ends that came first meet
+    /// theirs, the rest wait below this window's own (they are older).
+    pub fn adopt(&mut self, (mut by_id, mut by_thread): Open) {
+        self.orphans.sort_by_key(|o| o.2);
+        self.orphans.retain(|&(tid, id, end_ns)| {
+            let start = match id {
+                Some(id) => by_id.remove(&id),
+                None => by_thread.get_mut(&tid).and_then(Vec::pop),
+            };
+            let Some(start_ns) = start else { return true };
+            self.spans.push(RequestSpan {
+                start_ns,
+                end_ns,
+                tid,
+                id,
+            });
+            false
+        });
+        for (id, start) in by_id {
+            self.by_id.entry(id).or_insert(start);
+        }
+        for (tid, mut older) in by_thread.into_iter().filter(|(_, v)| !v.is_empty()) {
+            let mine = self.by_thread.entry(tid).or_default();
+            older.append(mine);
+            *mine = older;
         }
     }
 
@@ -94,10 +137,12 @@ impl Pairing {
         let open = self.by_id.len() + self.by_thread.values().map(Vec::len).sum::<usize>();
         let late = self.spans.iter().filter(|s| s.end_ns > end_ns).count();
         self.spans.retain(|s| s.end_ns <= end_ns);
+        // Ends arrive by CPU, not quite in time order; the analysis reads them in order.
+        self.spans.sort_by_key(|s| s.end_ns);
         RequestSet {
             source: RequestSource::Markers,
             spans: self.spans,
-            unpaired: self.unmatched_ends + (open + late) as u64,
+            unpaired: (self.orphans.len() + open + late) as u64,
         }
     }
 }
@@ -144,5 +189,48 @@ mod tests {
         // (50, 70) ended after the window's end: dropped and counted.
         assert_eq!(got, vec![(12, 30, 2), (10, 40, 3), (55, 60, 4)]);
         assert_eq!(set.unpaired, 3);
+    }
+
+    /// A watch's windows: starts still open at the cut move to the next window's pairing,
+    /// whose ends that arrived first (the cut's lag) meet them; the older start of a thread
+    /// waits below the newer ones.
+    #[test]
+    fn open_starts_move_to_the_next_window() {
+        use EventKind::*;
+        let mut first = Pairing::default();
+        for e in [
+            ev(10, 1, RequestStart, Some(7)),
+            ev(20, 2, RequestStart, None),
+            ev(30, 3, RequestStart, None),
+        ] {
+            first.on_event(&e);
+        }
+        let mut next = Pairing::default();
+        for e in [
+            ev(110, 4, RequestEnd, Some(7)), // arrived before the hand-over
+            ev(120, 3, RequestStart, None),
+        ] {
+            next.on_event(&e);
+        }
+        next.adopt(first.take_open());
+        assert_eq!(first.finish(100).unpaired, 0, "carried, not left out");
+        for e in [
+            ev(130, 3, RequestEnd, None),
+            ev(140, 3, RequestEnd, None),
+            ev(150, 2, RequestEnd, None),
+        ] {
+            next.on_event(&e);
+        }
+        let set = next.finish(200);
+        let got: Vec<(u64, u64, u32)> = set
+            .spans
+            .iter()
+            .map(|s| (s.start_ns, s.end_ns, s.tid))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(10, 110, 4), (120, 130, 3), (30, 140, 3), (20, 150, 2)]
+        );
+        assert_eq!(set.unpaired, 0);
     }
 }

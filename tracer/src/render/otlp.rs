@@ -290,10 +290,13 @@ pub fn window_span(
         ),
     ];
     if let Some(q) = &report.summary.requests {
-        attrs.push(kv(
-            "tracer.requests.p99_seconds",
-            any_value::Value::DoubleValue(q.p99_ns as f64 / 1e9),
-        ));
+        // No request: no p99 to speak of (not 0).
+        if q.requests > 0 {
+            attrs.push(kv(
+                "tracer.requests.p99_seconds",
+                any_value::Value::DoubleValue(q.p99_ns as f64 / 1e9),
+            ));
+        }
         attrs.push(kv(
             "tracer.requests.count",
             any_value::Value::IntValue(q.requests as i64),

@@ -187,7 +187,8 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             out,
             "  warning: the timeline's first {} are missing (the flight recorder's \
-             --keep-max-mib let them go): per-request figures cover the rest; totals are exact",
+             --keep-max-mib let them go): requests in that stretch are decomposed without it \
+             (uncovered); totals are exact",
             crate::units::dur(t.saturating_sub(s.start_ns))
         );
     }

@@ -130,8 +130,10 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         let _ = writeln!(
             out,
             "  warning: {} of them name threads this recording does not trace (tid {}): their \
-             time is uncovered; a latency log's tid is the serving thread's kernel id \
-             (gettid()) in a traced process",
+             time is uncovered; a latency log's tid is the serving thread's gettid() in a \
+             traced process, as this tool's PID namespace numbers it (a server in a container \
+             numbers its threads as the container does: run the tracer in its namespace, \
+             nsenter -t PID -p -m)",
             r.untraced_requests,
             tids.join(", ")
         );

@@ -195,9 +195,18 @@ impl Kernel {
             .collect()
     }
 
-    /// The processes the kernel side saw forked (or join), by PID.
-    pub fn forked_pids(&self) -> Vec<u32> {
-        self.forked.iter().map(|f| f.pid).collect()
+    /// The processes the kernel side saw forked (or join).
+    pub fn forked(&self) -> &[Forked] {
+        &self.forked
+    }
+
+    /// The processes with a thread the reading shows alive.
+    pub fn live_processes(&self) -> std::collections::BTreeSet<u32> {
+        self.threads
+            .iter()
+            .filter(|t| t.state != tracer_common::ThreadState::Dead as u32)
+            .map(|t| t.tgid)
+            .collect()
     }
 
     /// With the accounts of threads and processes the windows' cuts took out (`Windows`): the

@@ -16,11 +16,16 @@ use anyhow::Result;
 use super::{DETACH_GRACE, SELF_CHECK_THREADS, Session, assemble};
 use crate::{
     recording::{
-        CgroupRecording, EndReason, ProcWindow, Recording, TracerCost, collect::Collector,
-        gpu::GpuRecording, window::Reported,
+        CgroupRecording, EndReason, ProcWindow, Recording, TracerCost, children::Forked,
+        collect::Collector, gpu::GpuRecording, window::Reported,
     },
     sources::{clock::monotonic_ns, ebpf::Reaped, process},
 };
+
+/// A process whose /proc start time is further than this from when the kernel side saw it
+/// forked is another one, which took the PID since: /proc's start time is to the clock tick
+/// (10 ms at USER_HZ 100), and the two clocks are read apart.
+const PROCESS_START_SLACK_NS: u64 = 50_000_000;
 
 /// How long after a window's end its records are still taken: a CPU sends its batch at its
 /// first switch after the next tick (4 ms at HZ=250); one gone idle, when `end_cut` asks it
@@ -88,9 +93,9 @@ pub struct Windows {
     /// The accounts of threads that ended in earlier windows, which each window's cut drops:
     /// the whole run's final frame needs them (kept only for a trace file).
     whole_reaped: Option<Reaped>,
-    /// Forked processes found exited at the last cut: listed in the window after it too (the
-    /// one with their last moments), then taken out of the kernel's map.
-    exited: BTreeSet<u32>,
+    /// Forked processes found exited at the last cut (PID, when forked): listed in the window
+    /// after it too (the one with their last moments), then taken out of the kernel's map.
+    exited: std::collections::BTreeMap<u32, u64>,
     /// Records from before the current window that arrived after it began.
     pub late: u64,
 }
@@ -105,7 +110,7 @@ impl Windows {
             whole_gpu: None,
             whole_cgroups: whole_run.then(Vec::new),
             whole_reaped: whole_run.then(Reaped::default),
-            exited: BTreeSet::new(),
+            exited: Default::default(),
             late: 0,
         }
     }
@@ -207,9 +212,12 @@ impl Session<'_> {
             c.cgroups,
             c.proc_end,
         );
-        let forked = c.kernel.forked_pids();
-        let rec = self.window_of(c.kernel, c.col, ended, c.cpu_end)?;
-        self.forget_exited(&forked)?;
+        let forked = c.kernel.forked().to_vec();
+        let live = c.kernel.live_processes();
+        let mut col = c.col;
+        col.hand_over_requests(&mut self.col);
+        let rec = self.window_of(c.kernel, col, ended, c.cpu_end)?;
+        self.forget_exited(&forked, &live)?;
         // Threads wholly accounted in this window's reading have been reported in full (one
         // that exited before the end but was read before its last switch is not yet).
         let dead = c.dead;
@@ -229,20 +237,25 @@ impl Session<'_> {
     /// Takes the processes found exited at the last cut out of the kernel's map (this window,
     /// just assembled, listed them for the last time), and notes which of `forked` (the
     /// window's) have exited since: a service that forks for days would otherwise list every
-    /// process it ever forked in each window, and fill the map. A process this tool's /proc
-    /// cannot show (another PID namespace) stays.
-    fn forget_exited(&mut self, forked: &[u32]) -> Result<()> {
+    /// process it ever forked in each window, and fill the map.
+    fn forget_exited(&mut self, forked: &[Forked], live: &BTreeSet<u32>) -> Result<()> {
         let before = std::mem::take(&mut self.windows.exited);
         let primary = self.targets.primary();
+        let follow = self.targets.follow;
+        let gone = |f: &Forked| match primary.proc_pid_of(f.pid) {
+            // /proc has no such process, or its PID names a later one (started more than a
+            // few ticks from the fork; a process that joined a cgroup has its joining time).
+            Some(p) => process::started_ns(p)
+                .is_none_or(|t| f.parent != 0 && t.abs_diff(f.created_ns) > PROCESS_START_SLACK_NS),
+            // One the tool's PID namespace has not listed: gone when no thread of it lives
+            // (a child that is not followed has no traced thread: it stays).
+            None => follow && !live.contains(&f.pid),
+        };
         self.windows.exited = forked
             .iter()
-            .copied()
-            .filter(|pid| !before.contains(pid))
-            .filter(|&pid| {
-                primary
-                    .proc_pid_of(pid)
-                    .is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-            })
+            .filter(|f| !before.contains_key(&f.pid))
+            .filter(|f| gone(f))
+            .map(|f| (f.pid, f.created_ns))
             .collect();
         let children = self.probes.forget_children(&before)?;
         if let Some(w) = self.windows.whole_reaped.as_mut() {

@@ -373,6 +373,18 @@ pub fn process_stat(pid: u32) -> Option<(u32, String, u64)> {
     Some((s.ppid as u32, s.comm, cpu_ns))
 }
 
+/// When `pid` started, on CLOCK_MONOTONIC (/proc/PID/stat's start time is in clock ticks
+/// since boot: to the tick, 10 ms at USER_HZ 100). None when /proc has no such process.
+pub fn started_ns(pid: u32) -> Option<u64> {
+    let s = Process::new(pid as i32).ok()?.stat().ok()?;
+    // SAFETY: sysconf has no side effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let boot_ns = s.starttime * 1_000_000_000 / hz;
+    let suspended =
+        crate::sources::clock::boottime_ns().saturating_sub(crate::sources::clock::monotonic_ns());
+    Some(boot_ns.saturating_sub(suspended))
+}
+
 /// Every process whose parent chain leads to `pid`, with its parent, name and CPU time so far:
 /// one pass over /proc.
 pub fn descendants(pid: u32) -> Vec<(u32, u32, String, u64)> {

@@ -91,11 +91,11 @@ mod tests {
         let held = Held::build(&rec, &BTreeMap::new());
         let stalls = Stalls::build(&BTreeMap::new());
         let view = |tid: u32| {
-            (tid == 11).then(|| ThreadView {
+            (tid == 11).then_some(ThreadView {
                 intervals: &w,
                 syncs: &[],
-                migrations: vec![],
-                slices: vec![],
+                migrations: &[],
+                slices: &[],
             })
         };
         let sibling = WakerRef {

@@ -6,13 +6,15 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use tracer_common::{CudaFn, EventKind, PerfSlot};
+use tracer_common::CudaFn;
 
+mod context;
 mod handoff;
 mod parts;
 mod queue;
 mod stalls;
 
+use context::Context;
 pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef};
 use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_queued};
 use stalls::Stalls;
@@ -127,9 +129,9 @@ pub const JITTER_FLOOR_NS: u64 = 200_000;
 struct ThreadView<'a> {
     intervals: &'a [Interval],
     syncs: &'a [&'a CudaSpan],
-    migrations: Vec<u64>,
+    migrations: &'a [u64],
     /// (start, end, llc misses, instructions).
-    slices: Vec<(u64, u64, u64, u64)>,
+    slices: &'a [(u64, u64, u64, u64)],
 }
 
 fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
@@ -393,73 +395,37 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
     sorted[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
 }
 
-pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
+/// The recording's requests, decomposed. `prev`: the window just before (a watch's), on which
+/// the part of a request that began there is decomposed; without it such a request is left
+/// out (counted in `unpaired`), as it is when it began before `prev` too.
+pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
-    let timelines = rec.threads_over_time();
-    let stalls = Stalls::build(timelines);
-    let held = Held::build(rec, timelines);
-    let llc_mask = (1 << PerfSlot::LlcMisses as u32) | (1 << PerfSlot::Instructions as u32);
-    let llc = rec.counter_mask & llc_mask == llc_mask;
-    let mut migrations: HashMap<u32, Vec<u64>> = HashMap::new();
-    for ev in &rec.timeline.events {
-        if ev.event_kind() == Ok(EventKind::Migrate) {
-            migrations.entry(ev.tid).or_default().push(ev.ts_ns);
-        }
-    }
-    let mut slices: HashMap<u32, Vec<(u64, u64, u64, u64)>> = HashMap::new();
-    if llc {
-        for sl in &rec.timeline.slices {
-            slices.entry(sl.tid).or_default().push((
-                sl.start_ns,
-                sl.ts_ns,
-                sl.values[PerfSlot::LlcMisses as usize],
-                sl.values[PerfSlot::Instructions as usize],
-            ));
-        }
-    }
-    let mut syncs: HashMap<u32, Vec<&CudaSpan>> = HashMap::new();
-    for c in &rec.cuda_syncs {
-        syncs.entry(c.tid).or_default().push(c);
-    }
-    for v in syncs.values_mut() {
-        v.sort_by_key(|c| c.start_ns);
-    }
-    let empty: Vec<Interval> = Vec::new();
-    // Any thread's view, for the hop to a waker (handoff.rs): its states and CUDA waits.
-    let other = |tid: u32| -> Option<ThreadView<'_>> {
-        Some(ThreadView {
-            intervals: &timelines.get(&tid)?.intervals,
-            syncs: syncs.get(&tid).map_or(&[], Vec::as_slice),
-            migrations: Vec::new(),
-            slices: Vec::new(),
-        })
+    let reaches = |r: &RequestSpan| {
+        r.start_ns >= rec.start_ns
+            || prev.is_some_and(|p| p.end_ns == rec.start_ns && r.start_ns >= p.start_ns)
     };
-    let mut views: HashMap<u32, ThreadView> = HashMap::new();
-    let mut details: Vec<RequestDetail> = Vec::with_capacity(set.spans.len());
-    let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(set.spans.len());
+    let used: Vec<&RequestSpan> = set.spans.iter().filter(|r| reaches(r)).collect();
+    let left_out = (set.spans.len() - used.len()) as u64;
+    let ctx = Context::new(rec);
+    // Built only for requests that need it: a context costs a pass over its recording.
+    let earlier = prev
+        .filter(|_| used.iter().any(|r| r.start_ns < rec.start_ns))
+        .map(Context::new);
+    let mut details: Vec<RequestDetail> = Vec::with_capacity(used.len());
+    let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(used.len());
     // Spans come in order of their end: each thread's previous end is the last one seen.
     let mut last_end: HashMap<u32, u64> = HashMap::new();
-    for r in &set.spans {
-        let v = views.entry(r.tid).or_insert_with(|| {
-            let mut mi = migrations.remove(&r.tid).unwrap_or_default();
-            mi.sort_unstable();
-            let mut sl = slices.remove(&r.tid).unwrap_or_default();
-            sl.sort_unstable();
-            ThreadView {
-                intervals: timelines.get(&r.tid).map_or(&empty, |t| &t.intervals),
-                syncs: syncs.get(&r.tid).map_or(&[], Vec::as_slice),
-                migrations: mi,
-                slices: sl,
-            }
-        });
+    for &r in &used {
         let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
-        let (d, q) = decompose(r, v, (&stalls, &held, &other), busy_until, llc);
+        let (mut d, q) = ctx.decompose(r, busy_until);
+        if let (Some(e), true) = (&earlier, r.start_ns < rec.start_ns) {
+            d.add_earlier(&e.decompose(r, 0).0);
+        }
         details.push(d);
         queued_spans.push(q);
     }
     let traced: std::collections::HashSet<u32> = rec.threads.iter().map(|t| t.tid).collect();
-    let untraced: Vec<u32> = set
-        .spans
+    let untraced: Vec<u32> = used
         .iter()
         .map(|s| s.tid)
         .filter(|t| !traced.contains(t))
@@ -532,7 +498,7 @@ pub fn analyze(rec: &Recording) -> Option<RequestAnalysis> {
     Some(RequestAnalysis {
         source: set.source,
         requests: n,
-        unpaired: set.unpaired,
+        unpaired: set.unpaired + left_out,
         untraced_requests: untraced.len(),
         untraced_tids,
         p50_ns: p50,

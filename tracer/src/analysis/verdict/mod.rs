@@ -230,22 +230,27 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
                 .into(),
         );
     }
+    // One entry for the timeline, with each way it fell short.
+    let mut gaps = Vec::new();
     if let Some(t) = s.timeline_missing_before_ns {
+        gaps.push(format!(
+            "its first {} were let go by the flight recorder's memory ceiling (--keep-max-mib)",
+            ms(t.saturating_sub(s.start_ns) as f64)
+        ));
+    }
+    if s.dropped_events > 0 {
+        gaps.push(format!(
+            "{} of its events were lost to a full ring buffer (--ring-kib)",
+            s.dropped_events
+        ));
+    }
+    if !gaps.is_empty() {
         add(
             "complete_timeline",
             format!(
-                "the timeline's first {} were let go by the flight recorder's memory ceiling \
-                 (--keep-max-mib): per-request figures cover the rest, totals are exact",
-                ms(t.saturating_sub(s.start_ns) as f64)
-            ),
-        );
-    } else if s.dropped_events > 0 {
-        add(
-            "complete_timeline",
-            format!(
-                "{} timeline events were lost to a full ring buffer (--ring-kib): per-request \
-                 figures may be incomplete, totals are exact",
-                s.dropped_events
+                "the timeline is incomplete: {}; per-request figures may be incomplete, totals \
+                 are exact",
+                gaps.join("; and ")
             ),
         );
     }

@@ -308,6 +308,64 @@ fn steady_requests_give_none() {
     assert!(v.not_assessed.iter().any(|n| n.signal == "gpu"));
 }
 
+/// `rec` cut to `[start, end)`: its events and the requests that end there (a watch window).
+fn window_of(rec: &Recording, start: u64, end: u64) -> Recording {
+    let mut w = rec.clone();
+    (w.start_ns, w.end_ns) = (start, end);
+    w.timeline
+        .events
+        .retain(|e| (start..end).contains(&e.ts_ns));
+    let set = w.requests.as_mut().unwrap();
+    set.spans.retain(|s| (start..end).contains(&s.end_ns));
+    w
+}
+
+/// A request that began in one watch window and ended in the next is decomposed on both, as
+/// the whole recording would: its parts add up to the same. Without the window before, it is
+/// left out and counted.
+#[test]
+fn a_request_across_windows_is_decomposed_on_both() {
+    let mut s = Server::new();
+    let slow = [
+        Run(MS),
+        Wait {
+            ns: 20 * MS,
+            prev: HOG,
+            moved: false,
+        },
+        Run(MS),
+    ];
+    s.serve(30, 1000, &NORMAL, &slow);
+    let whole = s.finish(vec![]);
+    let long = whole.requests.as_ref().unwrap().spans[4];
+    let cut = long.start_ns + 10 * MS;
+    let (first, second) = (
+        window_of(&whole, whole.start_ns, cut),
+        window_of(&whole, cut, whole.end_ns),
+    );
+    let slowest = |r: &crate::analysis::requests::RequestAnalysis| r.slowest[0].clone();
+    let all = crate::analysis::requests::analyze(&whole, None).unwrap();
+    let joined = crate::analysis::requests::analyze(&second, Some(&first)).unwrap();
+    let alone = crate::analysis::requests::analyze(&second, None).unwrap();
+    assert_eq!(joined.requests, alone.requests + 1);
+    assert_eq!(alone.unpaired, joined.unpaired + 1);
+    let (a, b) = (slowest(&all), slowest(&joined));
+    assert_eq!((a.start_ns, a.wall_ns), (b.start_ns, b.wall_ns));
+    for (k, (x, y)) in a.parts.values().iter().zip(b.parts.values()).enumerate() {
+        assert!(
+            (x - y).abs() < 1.0,
+            "{}: {x} whole, {y} across",
+            crate::analysis::requests::Breakdown::FIELDS[k]
+        );
+    }
+    assert!(
+        b.parts.runq_contention_ns >= 19.0 * MS as f64,
+        "{:?}",
+        b.parts
+    );
+    assert!(b.parts.uncovered_ns < 1.0, "{:?}", b.parts);
+}
+
 /// Requests that name a thread the recording does not trace (a latency log's tid from another
 /// process, or a Python thread ident instead of gettid()) are counted and named: their time is
 /// all uncovered.

@@ -2,13 +2,15 @@
 //! its start. A server's log grows for as long as the watch runs (1,000 requests/s make 1 GiB
 //! in about four hours): read whole every window, its cost grew with it, and past the size
 //! `attach` accepts no window had requests at all. What was there before the watch began is
-//! no window's and is skipped (its clock lines still count); a rotated or truncated log is read
-//! from its start; a malformed line costs that line, not the window nor the ones after.
+//! no window's and is skipped (its clock lines still count). A log renamed away (rotated) is
+//! read to its end before the new one at the path is read from its start; one truncated in place
+//! (copytruncate) is read from its start. A malformed line costs that line, not the window nor
+//! the ones after.
 
 use std::{
     fs::File,
     io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom},
-    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -16,109 +18,124 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::recording::{
     Recording,
-    latency_log::{LogParser, PendingSpans},
+    latency_log::{LogParser, PendingSpans, to_kernel_tids},
     requests::RequestSet,
 };
 
 /// At most this much of the log is read for one window (some 3.5 million requests); the rest
 /// waits for the next, so that one window's reading stays bounded in time and memory.
 const MAX_READ: u64 = 256 << 20;
-/// How many of the last bytes read are compared to tell a log truncated and written again.
+/// How many of the first and last bytes read are compared to tell a log truncated and written
+/// again.
 const SEEN: usize = 64;
 
 pub struct LogTail {
     path: PathBuf,
-    /// The file read so far (device, inode), and how far: past its last whole line.
-    file: Option<(u64, u64)>,
-    offset: u64,
-    /// The last bytes read (up to SEEN): a log truncated in place and written again past
-    /// `offset` by the next reading no longer has them there.
-    seen: Vec<u8>,
-    /// A whole record was read without its newline, which the next reading begins with.
-    glued: bool,
+    /// The file being read (kept open: a rotation renames it, and the server may write to it
+    /// until it reopens its log).
+    cur: Option<Cursor>,
     parser: LogParser,
     pending: PendingSpans,
 }
 
-impl LogTail {
-    /// Starts at the log's end as it is now: what it holds is from before the watch.
-    pub fn open(path: &Path) -> Result<Self> {
-        let mut tail = Self {
-            path: path.to_owned(),
-            file: None,
+/// Where the reading of one file stands.
+struct Cursor {
+    file: File,
+    /// (device, inode).
+    id: (u64, u64),
+    /// Past the last whole line read.
+    offset: u64,
+    /// The file's first bytes and the last ones read (up to SEEN each): a log truncated in
+    /// place and written again past `offset` by the next reading no longer has them there.
+    head: Vec<u8>,
+    seen: Vec<u8>,
+    /// A whole record was read without its newline, which the next reading begins with.
+    glued: bool,
+    /// Within a line longer than MAX_READ, skipped to its end.
+    skipping: bool,
+}
+
+fn id_of(f: &File) -> Result<(u64, u64)> {
+    let m = f.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+impl Cursor {
+    fn new(file: File) -> Result<Self> {
+        Ok(Self {
+            id: id_of(&file)?,
+            file,
             offset: 0,
+            head: Vec::new(),
             seen: Vec::new(),
             glued: false,
-            parser: LogParser::default(),
-            pending: PendingSpans::default(),
+            skipping: false,
+        })
+    }
+
+    /// Whether the file still holds what was read of it: not cut short, its first and last
+    /// bytes read still where they were.
+    fn intact(&self) -> Result<bool> {
+        let same = |bytes: &[u8], at: u64| {
+            let mut now = vec![0; bytes.len()];
+            self.file.read_exact_at(&mut now, at).is_ok() && now == bytes
         };
-        // The whole history, however large: it is only scanned for clock lines. A line longer
-        // than a reading's limit ends the scan, where it stands.
-        loop {
-            let at = tail.offset;
-            if !tail.read(|p, line| p.skip(line))? || tail.offset == at {
-                break;
-            }
-        }
-        Ok(tail)
+        Ok(self.file.metadata()?.len() >= self.offset
+            && same(&self.head, 0)
+            && same(&self.seen, self.offset - self.seen.len() as u64))
     }
 
-    /// The requests of the window `rec`: those appended since the last window, with those
-    /// held from it. The lines that could not be read are reported, with their count.
-    pub fn window(&mut self, rec: &Recording) -> Result<RequestSet> {
-        let offset = rec.host.realtime_minus_monotonic_ns;
-        let (mut spans, mut bad) = (Vec::new(), Vec::new());
-        let read = self.read(|p, line| match p.line(line, offset) {
-            Ok(span) => spans.extend(span),
-            Err(e) => bad.push(e),
-        });
-        for s in spans {
-            self.pending.push(s);
+    fn advance(&mut self, bytes: &[u8]) {
+        if self.head.len() < SEEN {
+            let n = (SEEN - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
         }
-        // What was read before an error (the file gone, say) still counts.
-        let set = self.pending.take(
-            (rec.start_ns, rec.end_ns),
-            crate::sources::clock::monotonic_ns(),
-        );
-        read?;
-        if let Some(first) = bad.first() {
-            eprintln!(
-                "tracer: the latency log {}: {} line(s) left out of this window, the first: \
-                 {first:#}",
-                self.path.display(),
-                bad.len()
-            );
-        }
-        set.with_context(|| format!("{}", self.path.display()))
+        self.offset += bytes.len() as u64;
+        self.seen.extend_from_slice(bytes);
+        let cut = self.seen.len().saturating_sub(SEEN);
+        self.seen.drain(..cut);
     }
 
-    /// Reads what was appended since the last reading, up to MAX_READ; whether it stopped
-    /// there with more to read.
-    fn read(&mut self, mut each: impl FnMut(&mut LogParser, &str)) -> Result<bool> {
-        let mut f = open(&self.path)?;
-        let meta = f.metadata()?;
-        let id = (meta.dev(), meta.ino());
-        // Another file at the path (rotated), or this one cut short (copytruncate).
-        if self.file != Some(id) || meta.len() < self.offset || !self.still_there(&f)? {
-            (self.file, self.offset, self.glued) = (Some(id), 0, false);
-            self.seen.clear();
-            self.parser.restart();
-        }
+    /// Reads what was appended since the last reading, up to MAX_READ, a line at a time;
+    /// whether it stopped at that limit, with more to read.
+    fn read(
+        &mut self,
+        parser: &mut LogParser,
+        each: &mut dyn FnMut(&mut LogParser, &str),
+    ) -> Result<bool> {
+        let mut f = self.file.try_clone()?;
         f.seek(SeekFrom::Start(self.offset))?;
         let mut r = BufReader::with_capacity(1 << 16, f.take(MAX_READ));
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            let n = r.read_until(b'\n', &mut buf)? as u64;
+            let n = r.read_until(b'\n', &mut buf)?;
             let whole = buf.last() == Some(&b'\n');
-            let line = String::from_utf8_lossy(buf.strip_suffix(b"\n").unwrap_or(&buf));
-            if n == 0 || (!whole && r.get_ref().limit() == 0) {
-                // The end, or the reading's limit (maybe in the middle of a line).
-                return Ok(r.get_ref().limit() == 0);
+            let at_limit = r.get_ref().limit() == 0;
+            if n == 0 {
+                return Ok(at_limit);
             }
+            if !whole && at_limit {
+                if n as u64 == MAX_READ {
+                    // One line longer than a whole reading: no server's record.
+                    eprintln!(
+                        "tracer: the latency log has a line longer than {} MiB: skipped",
+                        MAX_READ >> 20
+                    );
+                    self.advance(&buf);
+                    self.skipping = true;
+                }
+                return Ok(true);
+            }
+            let line = String::from_utf8_lossy(buf.strip_suffix(b"\n").unwrap_or(&buf));
             if std::mem::take(&mut self.glued) && whole && line.is_empty() {
                 // The newline of a record read whole last time.
                 self.advance(&buf);
+                continue;
+            }
+            if std::mem::take(&mut self.skipping) {
+                self.advance(&buf);
+                parser.skip("");
                 continue;
             }
             if !whole {
@@ -130,23 +147,86 @@ impl LogTail {
                 self.glued = true;
             }
             self.advance(&buf);
-            each(&mut self.parser, &line);
+            each(parser, &line);
         }
     }
+}
 
-    fn advance(&mut self, bytes: &[u8]) {
-        self.offset += bytes.len() as u64;
-        self.seen.extend_from_slice(bytes);
-        let cut = self.seen.len().saturating_sub(SEEN);
-        self.seen.drain(..cut);
+impl LogTail {
+    /// Starts at the log's end as it is now: what it holds is from before the watch.
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut tail = Self {
+            path: path.to_owned(),
+            cur: None,
+            parser: LogParser::default(),
+            pending: PendingSpans::default(),
+        };
+        // The whole history, however large: it is only scanned for clock lines.
+        while tail.read(&mut |p, line| p.skip(line))? {}
+        Ok(tail)
     }
 
-    /// Whether the bytes last read are still where they were.
-    fn still_there(&self, f: &File) -> Result<bool> {
-        use std::os::unix::fs::FileExt as _;
-        let mut now = vec![0; self.seen.len()];
-        let at = self.offset - self.seen.len() as u64;
-        Ok(f.read_exact_at(&mut now, at).is_ok() && now == self.seen)
+    /// The requests of the window `rec`: those appended since the last window, with those
+    /// held from it. A line that cannot be read is reported and costs only itself; a log that
+    /// cannot be read (gone while rotated) is reported, and the window keeps what was read.
+    pub fn window(&mut self, rec: &Recording) -> Result<RequestSet> {
+        let offset = rec.host.realtime_minus_monotonic_ns;
+        let (mut spans, mut bad, mut first_bad) = (Vec::new(), 0, None);
+        let read = self.read(&mut |p, line| match p.line(line, offset) {
+            Ok(span) => spans.extend(span),
+            Err(e) => {
+                bad += 1;
+                first_bad.get_or_insert(e);
+            }
+        });
+        for s in spans {
+            self.pending.push(s);
+        }
+        if let Err(e) = read {
+            eprintln!("tracer: {e:#}: this window has the requests read before");
+        }
+        if let Some(first) = first_bad {
+            eprintln!(
+                "tracer: the latency log {}: {bad} line(s) left out of this window, the first: \
+                 {first:#}",
+                self.path.display(),
+            );
+        }
+        let mut set = self
+            .pending
+            .take(
+                (rec.start_ns, rec.end_ns),
+                crate::sources::clock::monotonic_ns(),
+            )
+            .with_context(|| format!("{}", self.path.display()))?;
+        to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
+        Ok(set)
+    }
+
+    /// Reads what was appended since the last reading (up to MAX_READ); whether there may be
+    /// more. Another file at the path now (the log was rotated), or none: what the server
+    /// wrote to the one open before since the last reading is read first.
+    fn read(&mut self, each: &mut dyn FnMut(&mut LogParser, &str)) -> Result<bool> {
+        let at_path = open(&self.path);
+        let moved = match (&self.cur, &at_path) {
+            (Some(c), Ok(f)) => id_of(f)? != c.id,
+            (Some(_), Err(_)) => true,
+            (None, _) => false,
+        };
+        if moved && let Some(c) = self.cur.as_mut() {
+            while c.read(&mut self.parser, each)? {}
+        }
+        let f = at_path?;
+        match self.cur.as_mut() {
+            Some(c) if !moved && c.intact()? => {}
+            _ => {
+                // A new file, or this one cut short: from its start, on its own clock.
+                self.cur = Some(Cursor::new(f)?);
+                self.parser.restart();
+            }
+        }
+        let c = self.cur.as_mut().expect("set above");
+        c.read(&mut self.parser, each)
     }
 }
 
@@ -230,23 +310,32 @@ mod tests {
             ),
         );
         assert_eq!(window(&mut tail, 2_000, 3_000), (vec![2_100], 1));
-        // Rotated: the new file is monotonic until it says otherwise.
-        std::fs::rename(&path, dir.join("lat.jsonl.1")).unwrap();
+        // Rotated: what the server wrote to the old file after the last reading is read
+        // before the new one, which is monotonic until it says otherwise.
+        let old = dir.join("lat.jsonl.1");
+        std::fs::rename(&path, &old).unwrap();
+        append(&old, &format!("{}\n", req(1_003_050, 1_003_060)));
         std::fs::write(&path, format!("{}\n", req(3_100, 3_200))).unwrap();
-        assert_eq!(window(&mut tail, 3_000, 4_000), (vec![3_100], 0));
-        // Truncated in place (copytruncate).
-        std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        append(&path, &format!("{}\n", req(4_100, 4_200)));
-        assert_eq!(window(&mut tail, 4_000, 5_000), (vec![4_100], 0));
+        assert_eq!(window(&mut tail, 3_000, 4_000), (vec![3_050, 3_100], 0));
+        // Truncated in place (copytruncate), and written past where the reading was.
+        std::fs::write(
+            &path,
+            format!("{}\n{}\n", req(4_100, 4_200), req(4_300, 4_400)),
+        )
+        .unwrap();
+        assert_eq!(window(&mut tail, 4_000, 5_000), (vec![4_100, 4_300], 0));
+        // A request read for a later window, then the log gone (mid-rotation): the window
+        // still has it.
+        append(&path, &format!("{}\n", req(5_100, 5_200)));
+        assert_eq!(window(&mut tail, 4_000, 5_000).0, Vec::<u64>::new());
         std::fs::remove_file(&path).unwrap();
-        let mut rec = crate::recording::testutil::recording(vec![], vec![]);
-        (rec.start_ns, rec.end_ns) = (5_000, 6_000);
-        let e = tail.window(&rec).unwrap_err();
-        assert!(format!("{e:#}").contains("cannot be read"), "{e:#}");
+        assert_eq!(window(&mut tail, 5_000, 6_000), (vec![5_100], 0));
+        // A line longer than a reading's limit is skipped, not read for ever.
+        std::fs::write(&path, "").unwrap();
+        let long = "x".repeat(MAX_READ as usize + 10);
+        append(&path, &format!("{long}\n{}\n", req(6_100, 6_200)));
+        assert_eq!(window(&mut tail, 6_000, 7_000).0, Vec::<u64>::new());
+        assert_eq!(window(&mut tail, 6_000, 7_000).0, vec![6_100]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -16,7 +16,7 @@ use clap::Args;
 
 use super::args::{RecordArgs, TargetArgs};
 use crate::{
-    analysis::{Report, analyze},
+    analysis::{Report, analyze_after},
     recording::{EndReason, Recording, printable},
     render::{prometheus::Metrics, serde_name},
     session::{CUT_LAG, FlightStore, Session, SessionOptions, Wake, runtime},
@@ -188,6 +188,9 @@ struct Sinks {
     otlp: Option<otlp::Otlp>,
     windows: u64,
     flight: Option<flight::Flight>,
+    /// The window before, while there are requests: one that began in it and ends in this one
+    /// is decomposed on both.
+    prev: Option<Recording>,
 }
 
 impl Sinks {
@@ -202,7 +205,7 @@ impl Sinks {
                 }
             }
         }
-        let report = analyze(&rec);
+        let report = analyze_after(&rec, self.prev.as_ref());
         self.metrics.set_rss(process::own_rss());
         self.metrics.add(&rec, &report);
         self.windows += 1;
@@ -216,11 +219,13 @@ impl Sinks {
         if let Some(o) = self.otlp.as_mut() {
             o.window(&self.metrics.encode(), &rec, &report);
         }
-        if self.json {
+        let written = if self.json {
             self.out.json(&report)
         } else {
             self.out.line(&line(&rec, &report))
-        }
+        };
+        self.prev = rec.requests.is_some().then_some(rec);
+        written
     }
 }
 
@@ -263,6 +268,7 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         metrics,
         otlp,
         windows: 0,
+        prev: None,
         flight: args.keep.map(|keep| {
             flight::Flight::new(flight::Settings {
                 keep,

@@ -51,16 +51,28 @@ pub struct Out {
 
 fn open(path: &Path) -> Result<File> {
     check(path)?;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        // The windows name the target's processes with their command lines, which may carry
-        // secrets: not for every user (0640, as system logs are; a log made before keeps its).
-        .mode(0o640)
-        // Checked above; a symlink put there since is not followed.
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("opening the log {}", path.display()))
+    let opts = |create_new: bool| {
+        let mut o = std::fs::OpenOptions::new();
+        o.append(true)
+            .create_new(create_new)
+            // The windows name the target's processes with their command lines, which may
+            // carry secrets: not for every user (0640, as system logs are).
+            .mode(0o640)
+            // Checked above; a symlink put there since is not followed.
+            .custom_flags(libc::O_NOFOLLOW);
+        o
+    };
+    let made = match opts(true).open(path) {
+        // A log made here is the user's who ran sudo, as the other outputs are; one that
+        // was there keeps its owner and mode.
+        Ok(f) => {
+            crate::trace::output::own_by_invoker(&f);
+            Ok(f)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => opts(false).open(path),
+        Err(e) => Err(e),
+    };
+    made.with_context(|| format!("opening the log {}", path.display()))
 }
 
 /// Appends `bytes` whole or not at all.

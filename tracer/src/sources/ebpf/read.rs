@@ -145,18 +145,21 @@ impl SchedProbes {
         Ok(map.iter().filter_map(|r| r.ok()).collect())
     }
 
-    /// Takes the processes `pids` out of `CHILDREN` (they have exited and been reported), and
-    /// returns their entries: else the map holds every process forked in the run, to its
-    /// capacity, and each window lists them all.
+    /// Takes the processes `exited` (PID, and when it was forked or joined) out of
+    /// `CHILDREN` (they have exited and been reported), and returns their entries: else the map
+    /// holds every process forked in the run, to its capacity, and each window lists them all.
+    /// An entry of another time is left: its PID was taken again by a new child since.
     pub fn forget_children(
         &mut self,
-        pids: &std::collections::BTreeSet<u32>,
+        exited: &std::collections::BTreeMap<u32, u64>,
     ) -> Result<Vec<(u32, tracer_common::ChildProcess)>> {
         let mut map: HashMap<_, u32, tracer_common::ChildProcess> =
             HashMap::try_from(self.ebpf.map_mut("CHILDREN").context("CHILDREN map")?)?;
         let mut out = Vec::new();
-        for &pid in pids {
-            if let Ok(c) = map.get(&pid, 0) {
+        for (&pid, &created) in exited {
+            if let Ok(c) = map.get(&pid, 0)
+                && c.created_ns == created
+            {
                 let _ = map.remove(&pid);
                 out.push((pid, c));
             }
