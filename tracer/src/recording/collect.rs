@@ -126,11 +126,11 @@ impl Collector {
         next
     }
 
-    /// Once this window has all its records (`tracer watch`): the requests begun in it and
-    /// still open end in the next, `next`, so their starts move over (and meet the ends that
-    /// reached `next` first).
-    pub fn hand_over_requests(&mut self, next: &mut Collector) {
-        next.requests.adopt(self.requests.take_open());
+    /// Once this window (from `start`) has all its records (`tracer watch`): the requests
+    /// begun in it and still open end in the next, `next`, so their starts move over (and meet
+    /// the ends that reached `next` first).
+    pub fn hand_over_requests(&mut self, start: u64, next: &mut Collector) {
+        next.requests.adopt(self.requests.take_open(start));
     }
 
     /// The counter bin of time `t` (the launch bins share their width).

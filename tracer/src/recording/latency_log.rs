@@ -183,9 +183,11 @@ const FUTURE_SLACK_NS: u64 = 1_000_000_000;
 #[derive(Debug, Default)]
 pub struct PendingSpans {
     spans: Vec<RequestSpan>,
-    /// A window was taken: before the first, a request that ended before the window is from
-    /// before the watch (logged while the probes were attached), no window's to count.
-    begun: bool,
+    /// The start of the window taken last: a request that began before it spans three
+    /// windows or more, and is no window's to decompose. None before the first: a request
+    /// that ended before the window is from before the watch (logged while the probes were
+    /// attached), no window's to count.
+    last_start: Option<u64>,
 }
 
 impl PendingSpans {
@@ -194,27 +196,31 @@ impl PendingSpans {
     }
 
     /// The requests of the window `[start, end]`, with the log read up to `now`
-    /// (CLOCK_MONOTONIC): those that ended in it, some begun in an earlier window (the analysis
-    /// decomposes their earlier part on the window before, or leaves them out). Those that
-    /// ended before it (written late) or end after `now` (another clock) are counted as
-    /// unpaired; those that end after the window wait for the next. A window with none of its
+    /// (CLOCK_MONOTONIC): those that ended in it, some begun in the window before (the
+    /// analysis decomposes their earlier part there). Those that began earlier still (or
+    /// before the watch), ended before the window (written late) or end after `now` (another
+    /// clock) are counted as unpaired; those that end after the window wait for the next. A window with none of its
     /// own but some written late or on another clock is an error that says which: its
     /// requests are not what the log holds.
     pub fn take(&mut self, (start, end): (u64, u64), now: u64) -> Result<RequestSet> {
-        let (mut inside, mut late, mut future) = (Vec::new(), 0u64, 0u64);
+        let (mut inside, mut late, mut future, mut early) = (Vec::new(), 0u64, 0u64, 0u64);
+        let from = self.last_start.unwrap_or(start);
+        let begun = self.last_start.is_some();
         self.spans.retain(|s| {
             if s.end_ns > now.saturating_add(FUTURE_SLACK_NS) {
                 future += 1;
             } else if s.end_ns > end {
                 return true;
             } else if s.end_ns < start {
-                late += u64::from(self.begun);
+                late += u64::from(begun);
+            } else if s.start_ns < from {
+                early += 1;
             } else {
                 inside.push(*s);
             }
             false
         });
-        self.begun = true;
+        self.last_start = Some(start);
         if inside.is_empty() && future > 0 {
             bail!(
                 "the {future} requests read for this window end after the time they were read: \
@@ -228,7 +234,7 @@ impl PendingSpans {
                  \"clock\" line states"
             );
         }
-        Ok(set(inside, late + future))
+        Ok(set(inside, late + future + early))
     }
 }
 
@@ -318,17 +324,20 @@ mod tests {
         }
         let w2 = p.take((2_000, 3_000), 3_100).unwrap();
         let got: Vec<_> = w2.spans.iter().map(|s| s.start_ns).collect();
-        // Across the edge (1_900) too: the analysis decides.
+        // Across the edge (1_900) too: the analysis decomposes it on both windows.
         assert_eq!(got, vec![2_100, 1_900, 2_300]);
         // Written late (1_100), from the future.
         assert_eq!(w2.unpaired, 2);
+        // Begun two windows back: no window's.
+        p.push(span(1_500, 3_500));
+        assert_eq!(p.take((3_000, 4_000), 4_100).unwrap().unpaired, 1);
         assert!(p.spans.is_empty());
         // A window with nothing of its own but requests written late says so.
-        p.push(span(2_500, 2_600));
-        let e = p.take((3_000, 4_000), 4_100).unwrap_err();
+        p.push(span(3_500, 3_600));
+        let e = p.take((4_000, 5_000), 5_100).unwrap_err();
         assert!(format!("{e}").contains("ended before it began"), "{e}");
         // An empty window is no error: the server had no requests.
-        assert_eq!(p.take((4_000, 5_000), 5_100).unwrap().spans.len(), 0);
+        assert_eq!(p.take((5_000, 6_000), 6_100).unwrap().spans.len(), 0);
     }
 
     /// A tool in a PID namespace of its own reads the namespace's thread IDs from the log and

@@ -37,10 +37,12 @@ pub enum RequestSource {
 #[derive(Debug, Clone)]
 pub struct RequestSet {
     pub source: RequestSource,
-    /// Requests wholly inside the window, in order of their end.
+    /// Requests that ended in the window, in order of their end: begun in it, or (a watch's)
+    /// in the window before.
     pub spans: Vec<RequestSpan>,
-    /// Ends without a start (begun before the window) and starts without an end (still in
-    /// flight at its close), or, from a file, requests not wholly inside the window.
+    /// Ends without a start (begun before the recording, or more than a window back) and
+    /// starts without an end (still in flight at its close); from a file, requests not wholly
+    /// inside the window (a watch's: not begun in it or the one before), or written late.
     pub unpaired: u64,
 }
 
@@ -96,12 +98,28 @@ impl Pairing {
         }
     }
 
-    /// The starts still open (by id, by thread), taken out: they end in a later window.
-    pub fn take_open(&mut self) -> Open {
-        (
-            std::mem::take(&mut self.by_id),
-            std::mem::take(&mut self.by_thread),
-        )
+    /// The starts still open since `since` (by id, by thread), taken out: they end in a later
+    /// window. Older ones stay, open (counted as unpaired): a request that spans three windows
+    /// or more is no window's to decompose.
+    pub fn take_open(&mut self, since: u64) -> Open {
+        let mut by_id = HashMap::new();
+        self.by_id.retain(|&id, &mut start| {
+            let keep = start < since;
+            if !keep {
+                by_id.insert(id, start);
+            }
+            keep
+        });
+        let mut by_thread = HashMap::new();
+        for (&tid, starts) in self.by_thread.iter_mut() {
+            // Innermost last: the older ones are at the bottom.
+            let from = starts.partition_point(|&s| s < since);
+            let moved: Vec<u64> = starts.drain(from..).collect();
+            if !moved.is_empty() {
+                by_thread.insert(tid, moved);
+            }
+        }
+        (by_id, by_thread)
     }
 
     /// Takes in the starts left open by the window before: the ends that came first meet
@@ -193,12 +211,14 @@ mod tests {
 
     /// A watch's windows: starts still open at the cut move to the next window's pairing,
     /// whose ends that arrived first (the cut's lag) meet them; the older start of a thread
-    /// waits below the newer ones.
+    /// waits below the newer ones. Starts from before the closing window stay there, open.
     #[test]
     fn open_starts_move_to_the_next_window() {
         use EventKind::*;
         let mut first = Pairing::default();
         for e in [
+            ev(5, 5, RequestStart, None), // carried in already: a third window is too many
+            ev(6, 6, RequestStart, Some(9)), // likewise
             ev(10, 1, RequestStart, Some(7)),
             ev(20, 2, RequestStart, None),
             ev(30, 3, RequestStart, None),
@@ -212,8 +232,12 @@ mod tests {
         ] {
             next.on_event(&e);
         }
-        next.adopt(first.take_open());
-        assert_eq!(first.finish(100).unpaired, 0, "carried, not left out");
+        next.adopt(first.take_open(8));
+        assert_eq!(
+            first.finish(100).unpaired,
+            2,
+            "the two from before 8 stay, open"
+        );
         for e in [
             ev(130, 3, RequestEnd, None),
             ev(140, 3, RequestEnd, None),

@@ -215,7 +215,7 @@ impl Session<'_> {
         let forked = c.kernel.forked().to_vec();
         let live = c.kernel.live_processes();
         let mut col = c.col;
-        col.hand_over_requests(&mut self.col);
+        col.hand_over_requests(c.start, &mut self.col);
         let rec = self.window_of(c.kernel, col, ended, c.cpu_end)?;
         self.forget_exited(&forked, &live)?;
         // Threads wholly accounted in this window's reading have been reported in full (one

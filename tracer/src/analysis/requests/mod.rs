@@ -396,19 +396,16 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
 }
 
 /// The recording's requests, decomposed. `prev`: the window just before (a watch's), on which
-/// the part of a request that began there is decomposed; without it such a request is left
-/// out (counted in `unpaired`), as it is when it began before `prev` too.
+/// the part of a request that began there is decomposed. What neither covers (a marker's start
+/// a moment before the recording's, say) is `uncovered`; which requests come is the sources'
+/// choice (a watch's: those begun in the window before, at the earliest).
 pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
-    let reaches = |r: &RequestSpan| {
-        r.start_ns >= rec.start_ns
-            || prev.is_some_and(|p| p.end_ns == rec.start_ns && r.start_ns >= p.start_ns)
-    };
-    let used: Vec<&RequestSpan> = set.spans.iter().filter(|r| reaches(r)).collect();
-    let left_out = (set.spans.len() - used.len()) as u64;
+    let used: Vec<&RequestSpan> = set.spans.iter().collect();
     let ctx = Context::new(rec);
     // Built only for requests that need it: a context costs a pass over its recording.
     let earlier = prev
+        .filter(|p| p.end_ns == rec.start_ns)
         .filter(|_| used.iter().any(|r| r.start_ns < rec.start_ns))
         .map(Context::new);
     let mut details: Vec<RequestDetail> = Vec::with_capacity(used.len());
@@ -498,7 +495,7 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
     Some(RequestAnalysis {
         source: set.source,
         requests: n,
-        unpaired: set.unpaired + left_out,
+        unpaired: set.unpaired,
         untraced_requests: untraced.len(),
         untraced_tids,
         p50_ns: p50,
