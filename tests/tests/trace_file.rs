@@ -262,6 +262,12 @@ fn damaged_foreign_and_newer_files_are_named_and_recovered_from() {
         out.stderr
     );
     assert!(out.stdout.is_empty());
+    // An empty file says so, not that it is some other program's.
+    let empty = dir.join("empty.trace");
+    std::fs::write(&empty, b"").unwrap();
+    let out = run_tracer(&["report", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("the file is empty"), "{}", out.stderr);
 
     // From a newer tracer: says so, does not guess.
     let mut newer = bytes.clone();

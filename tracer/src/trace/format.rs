@@ -111,6 +111,11 @@ pub enum FormatError {
     #[error("not a tracer trace file (its first bytes are not the trace magic)")]
     Foreign,
     #[error(
+        "the file is empty: no recording was written to it (a tracer stopped before it \
+         began, or another program made the file)"
+    )]
+    Empty,
+    #[error(
         "written by a newer tracer (trace format {found}; this tracer reads up to {supported}): \
          read it with a newer tracer"
     )]
@@ -131,7 +136,9 @@ pub fn read_header(r: &mut impl Read) -> Result<u32, FormatError> {
     let mut h = [0u8; FILE_HEADER as usize];
     let got = read_full(r, &mut h)?;
     if got < MAGIC.len() || h[..8] != MAGIC {
-        return Err(if got >= 8 || got == 0 {
+        return Err(if got == 0 {
+            FormatError::Empty
+        } else if got >= 8 {
             FormatError::Foreign
         } else {
             FormatError::ShortHeader
@@ -270,7 +277,7 @@ mod tests {
         ));
         assert!(matches!(
             read_header(&mut &b""[..]),
-            Err(FormatError::Foreign)
+            Err(FormatError::Empty)
         ));
         let mut newer = Vec::new();
         newer.extend_from_slice(&MAGIC);

@@ -128,7 +128,8 @@ impl Cursor {
                 return Ok(true);
             }
             let line = String::from_utf8_lossy(buf.strip_suffix(b"\n").unwrap_or(&buf));
-            if std::mem::take(&mut self.glued) && whole && line.is_empty() {
+            // (`trim`: a CRLF writer's `\r` comes with it.)
+            if std::mem::take(&mut self.glued) && whole && line.trim().is_empty() {
                 // The newline of a record read whole last time.
                 self.advance(&buf);
                 continue;
