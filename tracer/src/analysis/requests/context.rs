@@ -7,8 +7,12 @@ use std::collections::HashMap;
 
 use tracer_common::{EventKind, PerfSlot};
 
-use super::{RequestDetail, ThreadView, decompose, parts::add_blocked, parts::add_holder, queue};
-use super::{parts::rank_blocked, stalls::Stalls};
+use super::{
+    RequestDetail, ThreadView, decompose,
+    parts::{add_blocked, add_holder, rank_blocked, rank_holders},
+    queue,
+    stalls::Stalls,
+};
 use crate::{
     analysis::held::Held,
     recording::{CudaSpan, Recording, requests::RequestSpan, timeline::Timelines},
@@ -120,8 +124,7 @@ impl RequestDetail {
         for h in &pre.lock_holders {
             add_holder(&mut self.lock_holders, h.tid, h.ns);
         }
-        self.lock_holders
-            .sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+        rank_holders(&mut self.lock_holders);
         for b in &pre.blocked_by {
             add_blocked(&mut self.blocked_by, b.by.clone(), b.ns);
         }

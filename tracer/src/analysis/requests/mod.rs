@@ -16,7 +16,7 @@ mod stalls;
 
 use context::Context;
 pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef};
-use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_queued};
+use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_holders, rank_queued};
 use stalls::Stalls;
 
 use super::held::Held;
@@ -256,7 +256,7 @@ fn decompose<'a>(
         }
         p.add_scaled(&q, rest);
     }
-    holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    rank_holders(&mut holders);
     rank_blocked(&mut blocked_by);
     let wall = r.wall_ns();
     p.uncovered_ns = (wall as f64 - p.covered_ns()).max(0.0);
@@ -354,7 +354,7 @@ fn group(items: &[&RequestDetail], normal_oncpu_ns: f64) -> Group {
             add_holder(&mut holders, h.tid, h.ns / n);
         }
     }
-    holders.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    rank_holders(&mut holders);
     let mut blocked_by: Vec<BlockedBy> = Vec::new();
     for b in items.iter().flat_map(|d| &d.blocked_by) {
         add_blocked(&mut blocked_by, b.by.clone(), b.ns / n);
@@ -401,18 +401,17 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
 /// choice (a watch's: those begun in the window before, at the earliest).
 pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
-    let used: Vec<&RequestSpan> = set.spans.iter().collect();
     let ctx = Context::new(rec);
     // Built only for requests that need it: a context costs a pass over its recording.
     let earlier = prev
         .filter(|p| p.end_ns == rec.start_ns)
-        .filter(|_| used.iter().any(|r| r.start_ns < rec.start_ns))
+        .filter(|_| set.spans.iter().any(|r| r.start_ns < rec.start_ns))
         .map(Context::new);
-    let mut details: Vec<RequestDetail> = Vec::with_capacity(used.len());
-    let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(used.len());
+    let mut details: Vec<RequestDetail> = Vec::with_capacity(set.spans.len());
+    let mut queued_spans: Vec<queue::QueuedSpans> = Vec::with_capacity(set.spans.len());
     // Spans come in order of their end: each thread's previous end is the last one seen.
     let mut last_end: HashMap<u32, u64> = HashMap::new();
-    for &r in &used {
+    for r in &set.spans {
         let busy_until = last_end.insert(r.tid, r.end_ns).unwrap_or(0);
         let (mut d, q) = ctx.decompose(r, busy_until);
         if let (Some(e), true) = (&earlier, r.start_ns < rec.start_ns) {
@@ -422,7 +421,8 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
         queued_spans.push(q);
     }
     let traced: std::collections::HashSet<u32> = rec.threads.iter().map(|t| t.tid).collect();
-    let untraced: Vec<u32> = used
+    let untraced: Vec<u32> = set
+        .spans
         .iter()
         .map(|s| s.tid)
         .filter(|t| !traced.contains(t))

@@ -146,6 +146,11 @@ pub(super) fn add_blocked(v: &mut Vec<BlockedBy>, by: Option<WakerRef>, ns: f64)
     }
 }
 
+/// Largest first (by thread ID where equal).
+pub(super) fn rank_holders(v: &mut [HolderTime]) {
+    v.sort_by(|a, b| b.ns.total_cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+}
+
 /// Largest first, at most `BLOCKED_BY_KEPT` (the rest folded into an unattributed entry, so
 /// the entries still add up to the blocked time).
 pub(super) fn rank_blocked(v: &mut Vec<BlockedBy>) {
