@@ -212,12 +212,11 @@ impl Session<'_> {
             c.cgroups,
             c.proc_end,
         );
-        let forked = c.kernel.forked().to_vec();
-        let live = c.kernel.live_processes();
+        // The kernel's map is read already: what leaves it now is still this window's.
+        self.forget_exited(&c.kernel)?;
         let mut col = c.col;
         col.hand_over_requests(c.start, &mut self.col);
         let rec = self.window_of(c.kernel, col, ended, c.cpu_end)?;
-        self.forget_exited(&forked, &live)?;
         // Threads wholly accounted in this window's reading have been reported in full (one
         // that exited before the end but was read before its last switch is not yet).
         let dead = c.dead;
@@ -235,11 +234,12 @@ impl Session<'_> {
     }
 
     /// Takes the processes found exited at the last cut out of the kernel's map (this window,
-    /// just assembled, listed them for the last time), and notes which of `forked` (the
-    /// window's) have exited since: a service that forks for days would otherwise list every
-    /// process it ever forked in each window, and fill the map.
-    fn forget_exited(&mut self, forked: &[Forked], live: &BTreeSet<u32>) -> Result<()> {
+    /// read from it in `kernel`, lists them for the last time), and notes which of the window's
+    /// have exited since: a service that forks for days would otherwise list every process it
+    /// ever forked in each window, and fill the map.
+    fn forget_exited(&mut self, kernel: &assemble::Kernel) -> Result<()> {
         let before = std::mem::take(&mut self.windows.exited);
+        let live = kernel.live_processes();
         let primary = self.targets.primary();
         let follow = self.targets.follow;
         let gone = |f: &Forked| match primary.proc_pid_of(f.pid) {
@@ -251,7 +251,8 @@ impl Session<'_> {
             // (a child that is not followed has no traced thread: it stays).
             None => follow && !live.contains(&f.pid),
         };
-        self.windows.exited = forked
+        self.windows.exited = kernel
+            .forked()
             .iter()
             .filter(|f| !before.contains_key(&f.pid))
             .filter(|f| gone(f))
