@@ -94,18 +94,50 @@ impl FlightRing {
 }
 
 /// Where the flight recorder's files are written from: the session while it runs, and what
-/// it hands over when it ends (`Held`), so that the last window can trigger a file too.
+/// it hands over when it ends (`Held`), so that the last window can trigger a file too. Each
+/// gives its ring and the file's description; the rest is the same for both.
 pub trait FlightStore {
-    /// The time after which every record is held (None: all it was asked to keep).
-    fn flight_complete_after(&self) -> Option<u64>;
-    /// Bytes of records held.
-    fn flight_bytes(&self) -> usize;
-    /// Lets the records before `t` go.
-    fn flight_forget_before(&mut self, t: u64);
-    /// Writes `rec` (the kept windows, merged) to `path` with the records of its span.
-    fn write_flight(&self, path: &Path, rec: &Recording) -> Result<PathBuf>;
+    /// The records held (None: no flight recorder).
+    fn ring(&self) -> Option<&FlightRing>;
+    fn ring_mut(&mut self) -> Option<&mut FlightRing>;
+    /// The trace file's description, as of now.
+    fn meta(&self) -> TraceMeta;
     /// The first process given, by the PID this tool's /proc knows it by (files are named so).
     fn flight_pid(&self) -> u32;
+
+    /// The time after which every record is held (None: all it was asked to keep).
+    fn flight_complete_after(&self) -> Option<u64> {
+        self.ring().and_then(FlightRing::complete_after)
+    }
+
+    /// Bytes of records held.
+    fn flight_bytes(&self) -> usize {
+        self.ring().map_or(0, FlightRing::held)
+    }
+
+    /// Lets the records before `t` go.
+    fn flight_forget_before(&mut self, t: u64) {
+        if let Some(r) = self.ring_mut() {
+            r.forget_before(t);
+        }
+    }
+
+    /// Writes `rec` (the kept windows, merged) to `path` with the records of its span.
+    fn write_flight(&self, path: &Path, rec: &Recording) -> Result<PathBuf> {
+        let ring = self.ring().expect("the flight recorder is on (--keep)");
+        let mut meta = self.meta();
+        meta.start_ns = rec.start_ns;
+        let mut w = TraceWriter::create(path)?;
+        w.meta(&meta);
+        for c in &ring.chunks {
+            for r in split(&c.bytes) {
+                if (rec.start_ns..=rec.end_ns).contains(&r.ts_ns()) {
+                    w.record(encode(&r));
+                }
+            }
+        }
+        w.finish(rec)
+    }
 }
 
 /// The flight recorder's records and the trace file's description, kept past the session's
@@ -117,7 +149,27 @@ pub struct Held {
 }
 
 impl Session<'_> {
-    fn trace_meta_now(&self) -> TraceMeta {
+    /// Hands the flight recorder over, once the last records are in it.
+    pub(super) fn take_flight(&mut self) -> Option<Held> {
+        let ring = self.flight.take()?;
+        Some(Held {
+            ring,
+            meta: self.meta(),
+            pid: self.flight_pid(),
+        })
+    }
+}
+
+impl FlightStore for Session<'_> {
+    fn ring(&self) -> Option<&FlightRing> {
+        self.flight.as_ref()
+    }
+
+    fn ring_mut(&mut self) -> Option<&mut FlightRing> {
+        self.flight.as_mut()
+    }
+
+    fn meta(&self) -> TraceMeta {
         super::trace_meta(
             self.targets.primary(),
             &self.host,
@@ -128,77 +180,22 @@ impl Session<'_> {
         )
     }
 
-    /// Hands the flight recorder over, once the last records are in it.
-    pub(super) fn take_flight(&mut self) -> Option<Held> {
-        let ring = self.flight.take()?;
-        Some(Held {
-            ring,
-            meta: self.trace_meta_now(),
-            pid: self.targets.primary().proc_pid,
-        })
-    }
-
-    fn ring(&self) -> &FlightRing {
-        self.flight
-            .as_ref()
-            .expect("the flight recorder is on (--keep)")
-    }
-}
-
-/// Writes the records of `ring` inside `rec`'s span, and `rec`, to a trace file at `path`.
-fn write(ring: &FlightRing, mut meta: TraceMeta, path: &Path, rec: &Recording) -> Result<PathBuf> {
-    meta.start_ns = rec.start_ns;
-    let mut w = TraceWriter::create(path)?;
-    w.meta(&meta);
-    for c in &ring.chunks {
-        for r in split(&c.bytes) {
-            if (rec.start_ns..=rec.end_ns).contains(&r.ts_ns()) {
-                w.record(encode(&r));
-            }
-        }
-    }
-    w.finish(rec)
-}
-
-impl FlightStore for Session<'_> {
-    fn flight_complete_after(&self) -> Option<u64> {
-        self.flight.as_ref().and_then(FlightRing::complete_after)
-    }
-
-    fn flight_bytes(&self) -> usize {
-        self.flight.as_ref().map_or(0, FlightRing::held)
-    }
-
-    fn flight_forget_before(&mut self, t: u64) {
-        if let Some(f) = self.flight.as_mut() {
-            f.forget_before(t);
-        }
-    }
-
-    fn write_flight(&self, path: &Path, rec: &Recording) -> Result<PathBuf> {
-        write(self.ring(), self.trace_meta_now(), path, rec)
-    }
-
     fn flight_pid(&self) -> u32 {
         self.targets.primary().proc_pid
     }
 }
 
 impl FlightStore for Held {
-    fn flight_complete_after(&self) -> Option<u64> {
-        self.ring.complete_after()
+    fn ring(&self) -> Option<&FlightRing> {
+        Some(&self.ring)
     }
 
-    fn flight_bytes(&self) -> usize {
-        self.ring.held()
+    fn ring_mut(&mut self) -> Option<&mut FlightRing> {
+        Some(&mut self.ring)
     }
 
-    fn flight_forget_before(&mut self, t: u64) {
-        self.ring.forget_before(t);
-    }
-
-    fn write_flight(&self, path: &Path, rec: &Recording) -> Result<PathBuf> {
-        write(&self.ring, self.meta.clone(), path, rec)
+    fn meta(&self) -> TraceMeta {
+        self.meta.clone()
     }
 
     fn flight_pid(&self) -> u32 {
