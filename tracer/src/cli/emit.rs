@@ -13,7 +13,10 @@ use anyhow::{Context as _, Result, bail};
 use super::args::OutputArgs;
 use crate::{
     analysis::{Report, analyze},
-    recording::{Recording, latency_log::parse_latency_log},
+    recording::{
+        Recording,
+        latency_log::{is_whole_record, parse_latency_log, to_kernel_tids},
+    },
     render,
 };
 
@@ -39,18 +42,17 @@ pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
     // watch reads it whole at its next window); anything else malformed is still an error.
     if !text.ends_with('\n') {
         let cut = text.rfind('\n').map_or(0, |i| i + 1);
-        if serde_json::from_str::<serde::de::IgnoredAny>(&text[cut..]).is_err() {
+        if !is_whole_record(&text[cut..]) {
             text.truncate(cut);
         }
     }
-    let set = parse_latency_log(
+    let mut set = parse_latency_log(
         &text,
         rec.host.realtime_minus_monotonic_ns,
         (rec.start_ns, rec.end_ns),
     )
     .with_context(|| format!("{}", path.display()))?;
-    let mut set = set;
-    crate::recording::latency_log::to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
+    to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
     rec.requests = Some(set);
     Ok(())
 }

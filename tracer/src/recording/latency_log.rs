@@ -124,6 +124,12 @@ impl LogParser {
     }
 }
 
+/// Whether a last line that has no newline yet is a whole record (a writer that ends its lines
+/// late), not one a buffered writer is still in the middle of.
+pub fn is_whole_record(line: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(line).is_ok()
+}
+
 /// Parses a whole latency log (see `LogParser`) for the window `[start, end]`: requests not
 /// wholly inside it are counted, not kept.
 pub fn parse_latency_log(
@@ -199,9 +205,9 @@ impl PendingSpans {
     /// (CLOCK_MONOTONIC): those that ended in it, some begun in the window before (the
     /// analysis decomposes their earlier part there). Those that began earlier still (or
     /// before the watch), ended before the window (written late) or end after `now` (another
-    /// clock) are counted as unpaired; those that end after the window wait for the next. A window with none of its
-    /// own but some written late or on another clock is an error that says which: its
-    /// requests are not what the log holds.
+    /// clock) are counted as unpaired; those that end after the window wait for the next. A
+    /// window with none of its own but some written late or on another clock is an error that
+    /// says which: its requests are not what the log holds.
     pub fn take(&mut self, (start, end): (u64, u64), now: u64) -> Result<RequestSet> {
         let (mut inside, mut late, mut future, mut early) = (Vec::new(), 0u64, 0u64, 0u64);
         let from = self.last_start.unwrap_or(start);
@@ -250,12 +256,12 @@ mod tests {
                     {\"start_ns\": 9000, \"end_ns\": 9100, \"tid\": 6}\n";
         let set = parse_latency_log(text, 1000, (0, 1000)).unwrap();
         assert_eq!(set.spans.len(), 2);
-        // A byte-order mark, and fields of the server's own.
-        let text = "\u{feff}{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 5, \"path\": \"/v1\"}\n";
-        assert_eq!(parse_latency_log(text, 0, (0, 10)).unwrap().spans.len(), 1);
         assert_eq!((set.spans[1].start_ns, set.spans[1].end_ns), (100, 300));
         assert_eq!(set.spans[1].id, Some(3));
         assert_eq!(set.unpaired, 1);
+        // A byte-order mark, and fields of the server's own.
+        let text = "\u{feff}{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 5, \"path\": \"/v1\"}\n";
+        assert_eq!(parse_latency_log(text, 0, (0, 10)).unwrap().spans.len(), 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::recording::{
     Recording,
-    latency_log::{LogParser, PendingSpans, to_kernel_tids},
+    latency_log::{LogParser, PendingSpans, is_whole_record, to_kernel_tids},
     requests::RequestSet,
 };
 
@@ -142,7 +142,7 @@ impl Cursor {
             if !whole {
                 // A record still being written is read whole next time; one that is whole
                 // already (a writer that ends its lines late) is read now.
-                if serde_json::from_str::<serde::de::IgnoredAny>(line.trim()).is_err() {
+                if !is_whole_record(&line) {
                     return Ok(false);
                 }
                 self.glued = true;
