@@ -162,6 +162,13 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             }
             EventKind::SwitchOut => {
                 t.cpu = Some(ev.cpu);
+                if t.state == Some(State::Runnable) {
+                    // Switching out while waiting: the switch-in that ended the wait went
+                    // untraced (losses.unseen_switch_ins; PID 1's switches on our VMs). As
+                    // the kernel side does (`repair_unseen_switch_in`), the time since counts
+                    // as running, on this CPU: no wait ended by a switch-in is left open.
+                    t.state = Some(State::Running);
+                }
                 if ev.aux & 1 == 1 {
                     t.unsure = ev.aux & SWITCH_RUNNABLE_UNSURE != 0;
                     t.switches.involuntary_switches += 1;
@@ -371,6 +378,36 @@ mod tests {
         let s = t.switches;
         assert_eq!((s.voluntary_switches, s.involuntary_switches), (1, 1));
         assert_eq!(s.wakeups, 1);
+    }
+
+    /// A thread preempted, then switching out again with no switch-in between (the switch
+    /// that gave it the CPU was untraced): the time since it was preempted counts as running
+    /// on the CPU it left, as the kernel side counts it, and is no wait; the wait a traced
+    /// switch-in ends later is one.
+    #[test]
+    fn a_switch_out_while_waiting_closes_the_wait_as_running() {
+        use EventKind::*;
+        let events = vec![
+            ev(110, 7, SwitchIn, 0, 0, 0),
+            ev(200, 7, SwitchOut, 0, 1, 90),
+            ev(300, 7, SwitchOut, 1, 0, 60),
+            ev(350, 7, Wakeup, 1, 0, 0),
+            ev(370, 7, SwitchIn, 1, 5, 20),
+        ];
+        let t = &build(&events, 100, 400)[&7];
+        assert_eq!(
+            states(t),
+            vec![
+                (100, 110, State::Runnable),
+                (110, 200, State::Running),
+                (200, 300, State::Running),
+                (300, 350, State::Blocked),
+                (350, 370, State::Runnable),
+                (370, 400, State::Running),
+            ]
+        );
+        assert_eq!(t.intervals[2].cpu, Some(1));
+        assert_eq!(t.waits, vec![(20, 1)]);
     }
 
     #[test]
