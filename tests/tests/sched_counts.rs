@@ -128,7 +128,10 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
 
 /// The threads both recordings (`docs[0]` tp_btf, `docs[1]` classic) have a comparable wait
 /// total for: each with its kernel counts, its two JSON entries and its waits, which must be
-/// as many in both.
+/// as many in both but for the wakeups a side says it did not see (`losses.unseen_wakeups`:
+/// the kernel skips a classic tracepoint program now and then, and then the wait that wakeup
+/// began is missing; measured 1 in about 40 runs of this workload, always one wakeup, seen
+/// as one more `wakeups` in tp_btf's entry). Each side may be short by no more than it says.
 fn compared_threads<'a>(
     docs: &'a [serde_json::Value],
     deltas: &'a [(u32, KernelCounts)],
@@ -141,19 +144,41 @@ fn compared_threads<'a>(
 )> {
     assert_eq!(docs[0]["probe_mode"], "tp_btf");
     assert_eq!(docs[1]["probe_mode"], "classic");
-    let mut threads = Vec::new();
+    let unseen = |d: &serde_json::Value| u(&d["losses"]["unseen_wakeups"]);
+    let mut short = [0, 0];
+    let (mut threads, mut busy) = (Vec::new(), 0);
     for (tid, kernel) in deltas {
         let (a, b) = (thread_json(&docs[0], *tid), thread_json(&docs[1], *tid));
-        let waits = u(&a["runq_waits"]);
-        assert_eq!(waits, u(&b["runq_waits"]), "tid {tid}");
+        let (wa, wb) = (u(&a["runq_waits"]), u(&b["runq_waits"]));
+        short[0] += wb.saturating_sub(wa);
+        short[1] += wa.saturating_sub(wb);
         // `runq_wait_ns` also holds the part of a wait open at a window's edge, and the two
         // windows end apart: the workload's main thread, with a handful of waits, is not
         // always parked then (two classic tracers once differed by 37 us over its 3 waits).
-        // The workers are parked at both edges.
-        if waits >= 100 {
-            threads.push((*tid, *kernel, a, b, waits));
+        // The workers are parked at both edges. Times are compared on threads that saw the
+        // same waits.
+        busy += (wa >= 100) as usize;
+        if wa >= 100 && wa == wb {
+            threads.push((*tid, *kernel, a, b, wa));
         }
     }
+    for (side, doc) in docs.iter().enumerate() {
+        assert!(
+            short[side] <= unseen(doc),
+            "{} saw {} fewer run-queue waits than the other, and says it missed {} wakeups; \
+             threads {} and {}",
+            doc["probe_mode"],
+            short[side],
+            unseen(doc),
+            docs[0]["threads"],
+            docs[1]["threads"]
+        );
+    }
+    assert!(
+        !threads.is_empty() && threads.len() + 1 >= busy,
+        "at most one busy thread set aside for a missed wakeup: {} of {busy} compared",
+        threads.len()
+    );
     threads
 }
 
@@ -386,6 +411,33 @@ fn json_carries_the_documented_fields_and_only_the_target() {
     assert_eq!(u(&doc["dropped_events"]), 0);
 }
 
+/// `losses.unseen_wakeups` against the threads' own books: the workload's threads are parked
+/// (blocked) at both ends of the window, so each block in it (a voluntary switch, exact
+/// against /proc by `assert_exact`) is ended by a wakeup in it, but for the one each thread
+/// blocked in at the start (a wakeup with no block before it) and the one at the end (a block
+/// with no wakeup after), which cancel. Voluntary switches beyond wakeups are wakeups the
+/// probes did not see, as many as the recording says; the main thread, not always parked at
+/// an end (`compared_threads`), may move that by one. Only where no switch went untraced,
+/// whose repair can count a block or a wakeup of its own.
+fn missed_wakeups_are_counted(doc: &serde_json::Value) {
+    let l = &doc["losses"];
+    if u(&l["unseen_switch_ins"]) + u(&l["unseen_switch_outs"]) > 0 {
+        return;
+    }
+    let gap: i64 = doc["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| u(&t["voluntary_switches"]) as i64 - u(&t["wakeups"]) as i64)
+        .sum();
+    let unseen = u(&l["unseen_wakeups"]) as i64;
+    assert!(
+        gap.abs_diff(unseen) <= 1,
+        "{}: voluntary switches exceed wakeups by {gap}, but {unseen} wakeups said unseen",
+        doc["probe_mode"]
+    );
+}
+
 #[test]
 fn two_tracers_on_one_pid_both_count_exactly() {
     let _guard = serial();
@@ -396,6 +448,7 @@ fn two_tracers_on_one_pid_both_count_exactly() {
     assert_eq!(docs[1]["probe_mode"], "classic");
     for doc in &docs {
         assert_exact(doc, &deltas);
+        missed_wakeups_are_counted(doc);
     }
     // Measured 0.2-1.1 us per wait apart (0.4-3.5 %).
     same_waits(&docs, &deltas, 5, 2_000);
@@ -423,4 +476,65 @@ fn threads_beyond_the_direct_mapped_slots_count_exactly() {
     let (doc, deltas, _load) = record_mixed(&["--thread-slots", "1"]);
     assert_eq!(doc["probe_mode"], "tp_btf");
     assert_exact(&doc, &deltas);
+}
+
+/// The wakeups a recording says it did not see (`losses.unseen_wakeups`) against the threads'
+/// own books, on the cpu-contention demo, whose server and worker block and wake each other
+/// hundreds of times a second: every block (voluntary switch) in the window is ended by a
+/// wakeup in it but for one per thread at each edge, so voluntary switches beyond wakeups are
+/// the missed wakeups, within one per thread, and one per switch-in that went untraced (its
+/// repair closes a block of its own). With classic tracepoints the kernel skips the
+/// `sched_wakeup` program now and then (30-55 wakeups in 2 s here); with tp_btf it does not.
+#[test]
+fn the_wakeups_the_kernel_did_not_report_are_counted() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-wakeups-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("demo.trace");
+    let trace = trace.to_str().unwrap();
+    for extra in [&[][..], &["--btf", "/nonexistent/vmlinux"]] {
+        let mut args = vec![
+            "demo",
+            "--scenario",
+            "cpu-contention",
+            "--duration",
+            "2s",
+            "--json",
+            "--quiet",
+            "-o",
+            trace,
+        ];
+        args.extend_from_slice(extra);
+        let out = tracer_tests::run_tracer(&args);
+        assert!(out.status.success(), "{}", out.stderr);
+        let doc = out.json();
+        // The text says so, on the same recording read back.
+        let text = tracer_tests::run_tracer(&["report", trace]);
+        assert!(text.status.success(), "{}", text.stderr);
+        let said = text
+            .stdout
+            .contains("wakeups of target threads were not traced");
+        assert_eq!(
+            said,
+            u(&doc["losses"]["unseen_wakeups"]) > 0,
+            "{}",
+            text.stdout
+        );
+        let threads = doc["threads"].as_array().unwrap();
+        let gap: i64 = threads
+            .iter()
+            .map(|t| u(&t["voluntary_switches"]) as i64 - u(&t["wakeups"]) as i64)
+            .sum();
+        let l = &doc["losses"];
+        let unseen = u(&l["unseen_wakeups"]) as i64;
+        let slack = threads.len() as u64 + u(&l["unseen_switch_ins"]);
+        assert!(
+            gap.abs_diff(unseen) <= slack,
+            "{}: voluntary switches exceed wakeups by {gap}, {unseen} wakeups said unseen \
+             (within {slack})",
+            doc["probe_mode"]
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

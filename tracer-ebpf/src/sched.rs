@@ -815,6 +815,18 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
             now
         );
     }
+    if was == ThreadState::Blocked as u32 {
+        // The kernel traces a wakeup before a blocked task can run again: this one's was not.
+        count(Counter::UnseenWakeup);
+        anomaly!(
+            "unseen wakeup: tid {} switched in on CPU {} while blocked since {} ns as far as \
+             the probes knew (its wakeup was not traced); now {}",
+            t.tid,
+            cpu,
+            t.state_ts_ns,
+            now
+        );
+    }
     let waited = leave(t, now, ThreadState::Runnable);
     if was == ThreadState::Runnable as u32 {
         t.runq_waits += 1;

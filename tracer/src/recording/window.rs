@@ -194,6 +194,7 @@ impl Reported {
         l.waker_map_full = step(l.waker_map_full, &mut s.waker_map_full);
         l.unseen_switch_ins = step(l.unseen_switch_ins, &mut s.unseen_switch_ins);
         l.unseen_switch_outs = step(l.unseen_switch_outs, &mut s.unseen_switch_outs);
+        l.unseen_wakeups = step(l.unseen_wakeups, &mut s.unseen_wakeups);
         l.perf_read_failed = step(l.perf_read_failed, &mut s.perf_read_failed);
         l.clock_checks = step(l.clock_checks, &mut s.clock_checks);
         l.clock_error_ns = step(l.clock_error_ns, &mut s.clock_error_ns);
@@ -360,6 +361,7 @@ fn add_losses(a: &mut Losses, b: &Losses) {
     a.waker_map_full += b.waker_map_full;
     a.unseen_switch_ins += b.unseen_switch_ins;
     a.unseen_switch_outs += b.unseen_switch_outs;
+    a.unseen_wakeups += b.unseen_wakeups;
     a.perf_read_failed += b.perf_read_failed;
     a.clock_checks += b.clock_checks;
     a.clock_error_ns += b.clock_error_ns;

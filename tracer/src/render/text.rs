@@ -180,6 +180,20 @@ pub fn render(r: &Report) -> String {
             tracer_common::MAX_CHILDREN
         );
     }
+    if l.unseen_wakeups > 0 {
+        let _ = writeln!(
+            out,
+            "  warning: {} wakeups of target threads were not traced{}: the run-queue waits \
+             they began are missing, counted as blocked time",
+            l.unseen_wakeups,
+            if s.probe_mode == ProbeMode::Classic {
+                " (the kernel skips classic tracepoint programs now and then; the tp_btf ones, \
+                 which need the kernel's BTF, it does not)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(what) = &s.incomplete {
         let _ = writeln!(out, "  warning: {what}");
     }

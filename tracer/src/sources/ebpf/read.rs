@@ -203,6 +203,7 @@ impl SchedProbes {
             clock_error_ns: sums[8],
             child_map_full: sums[9],
             waker_map_full: sums[10],
+            unseen_wakeups: sums[11],
             late_records: 0,
         })
     }
