@@ -424,18 +424,23 @@ fn missed_wakeups_are_counted(doc: &serde_json::Value) {
     if u(&l["unseen_switch_ins"]) + u(&l["unseen_switch_outs"]) > 0 {
         return;
     }
-    let gap: i64 = doc["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| u(&t["voluntary_switches"]) as i64 - u(&t["wakeups"]) as i64)
-        .sum();
+    let gap = blocks_beyond_wakeups(doc);
     let unseen = u(&l["unseen_wakeups"]) as i64;
     assert!(
         gap.abs_diff(unseen) <= 1,
         "{}: voluntary switches exceed wakeups by {gap}, but {unseen} wakeups said unseen",
         doc["probe_mode"]
     );
+}
+
+/// The recording's voluntary switches (blocks) less its wakeups, over all threads.
+fn blocks_beyond_wakeups(doc: &serde_json::Value) -> i64 {
+    doc["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| u(&t["voluntary_switches"]) as i64 - u(&t["wakeups"]) as i64)
+        .sum()
 }
 
 #[test]
@@ -522,10 +527,7 @@ fn the_wakeups_the_kernel_did_not_report_are_counted() {
             text.stdout
         );
         let threads = doc["threads"].as_array().unwrap();
-        let gap: i64 = threads
-            .iter()
-            .map(|t| u(&t["voluntary_switches"]) as i64 - u(&t["wakeups"]) as i64)
-            .sum();
+        let gap = blocks_beyond_wakeups(&doc);
         let l = &doc["losses"];
         let unseen = u(&l["unseen_wakeups"]) as i64;
         let slack = threads.len() as u64 + u(&l["unseen_switch_ins"]);

@@ -6,7 +6,8 @@ usage: exact.py TRACER TESTLOAD OUT_JSON [extra tracer attach arguments...]
 The method of tests/tests/sched_counts.rs: `tracer-testload mixed 3` parks every thread
 (blocked) until it reads "go" and again after it prints "done"; the tracer attaches while it is
 parked, /proc/PID/task/TID/status is read before "go" and after "done", and the tracer's
-`--json` per-thread voluntary/involuntary switches (and migrations) must equal the deltas.
+`--json` per-thread voluntary/involuntary switches (and migrations) must equal the deltas, and
+the wakeups the probes missed must be the ones `losses.unseen_wakeups` says.
 Writes OUT_JSON with the outcome; never raises (a failure is recorded, not fatal).
 """
 
@@ -153,6 +154,24 @@ def check(tracer, testload, extra, result):
             exact = exact and ok
             activity += want[0] + want[1]
             rows.append({"tid": tid, "tracer": got, "proc": want, "ok": ok})
+        # As sched_counts.rs's missed_wakeups_are_counted: every thread is parked at both
+        # ends, so its voluntary switches less its wakeups are the wakeups the probes did not
+        # see, which losses.unseen_wakeups must say (the main thread may move it by one);
+        # only where no switch went untraced, whose repair can count a block of its own.
+        losses = doc.get("losses", {})
+        if losses.get("unseen_switch_ins", 0) + losses.get("unseen_switch_outs", 0) == 0:
+            gap = sum(
+                t.get("voluntary_switches", 0) - t.get("wakeups", 0)
+                for t in doc.get("threads", [])
+            )
+            unseen = losses.get("unseen_wakeups", 0)
+            result["wakeups_gap"], result["unseen_wakeups"] = gap, unseen
+            if abs(gap - unseen) > 1:
+                exact = False
+                result["error"] = (
+                    f"voluntary switches exceed wakeups by {gap}, "
+                    f"but {unseen} wakeups are said unseen"
+                )
         result["threads"] = rows
         result["activity"] = activity
         result["exact"] = exact and activity > 450
