@@ -43,6 +43,7 @@ fn pid_zero_and_bad_durations_are_usage_errors() {
         ),
         (&["--keep", "10s", "--max-files", "0"][..], "--max-files"),
         (&["--trigger-every", "1m"][..], "--keep"),
+        (&["--html", "/tmp/w.html"][..], "tracer report FILE --html"),
     ] {
         let mut all = vec!["watch", "--pid", "1"];
         all.extend_from_slice(args);
@@ -50,6 +51,39 @@ fn pid_zero_and_bad_durations_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
     }
+    // Nor does watch's help offer what it refuses; attach's does.
+    let help = |cmd| run_tracer(&[cmd, "--help"]).stdout;
+    assert!(!help("watch").contains("--html"), "{}", help("watch"));
+    assert!(!help("watch").contains("--perfetto"));
+    assert!(help("attach").contains("--html"));
+}
+
+/// A watch that could not start (here its trace file: /proc takes no new files) leaves no
+/// `--log` behind, though the log is opened first to be refused early.
+#[test]
+fn a_watch_that_cannot_start_leaves_no_log() {
+    let _guard = serial();
+    require_root();
+    let log = std::env::temp_dir().join(format!("tracer-nolog-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let out = run_tracer(&[
+        "watch",
+        "-p",
+        "1",
+        "--log",
+        log.to_str().unwrap(),
+        "-o",
+        "/proc/tracer-cannot.trace",
+        "--count",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("/proc/tracer-cannot.trace"),
+        "{}",
+        out.stderr
+    );
+    assert!(!log.exists(), "{} was left", log.display());
 }
 
 #[test]

@@ -630,8 +630,60 @@ fn the_watch_ends_when_the_process_given_exits() {
         "{}",
         out.stderr
     );
+    exit_in_the_last_window(&lines(&out.stdout));
+}
+
+/// With `-p A,B` the watch goes on while either runs: A's exit is a notice, and windows follow
+/// it; B's ends the watch.
+#[test]
+fn a_watch_of_two_processes_ends_when_both_have_exited() {
+    let _guard = serial();
+    require_root();
+    let (mut a, mut b) = (spinner(), spinner());
+    let pids = format!("{},{}", a.id(), b.id());
+    let t = Tracer::start(&["watch", "-p", &pids, "-i", "1s", "--json", "--no-gpu"]);
+    std::thread::sleep(Duration::from_millis(1200));
+    let _ = a.0.kill();
+    let _ = a.0.wait();
+    let a_gone = tracer_tests::monotonic_ns();
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = b.0.kill();
+    let _ = b.0.wait();
+    let out = t.finish(Duration::from_secs(20));
+    assert!(out.status.success(), "{}", out.stderr);
+    let notice = format!(
+        "PID {} exited; the recording goes on while PID {} runs",
+        a.id(),
+        b.id()
+    );
+    assert!(out.stderr.contains(&notice), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("the 2 processes given exited: the watch ends"),
+        "{}",
+        out.stderr
+    );
     let windows = lines(&out.stdout);
-    assert_eq!(windows.last().unwrap()["end_reason"], "target_exited");
+    let after = windows
+        .iter()
+        .filter(|w| u(&w["start_ns"]) > a_gone && w["end_reason"] == "window")
+        .count();
+    assert!(after >= 1, "a whole window after A's exit: {}", out.stdout);
+    exit_in_the_last_window(&windows);
+}
+
+/// Only the last window, the one the exit came in, says when it came.
+fn exit_in_the_last_window(windows: &[Value]) {
+    let (last, before) = windows.split_last().unwrap();
+    assert_eq!(last["end_reason"], "target_exited");
+    let t = u(&last["target_exited_ns"]);
+    assert!(
+        t > u(&last["start_ns"]) && t <= u(&last["end_ns"]),
+        "{last}"
+    );
+    for w in before {
+        assert!(w["target_exited_ns"].is_null(), "{w}");
+    }
 }
 
 /// The unified hierarchy, where a test cgroup can be made.
@@ -642,6 +694,8 @@ fn unified_root() -> Option<PathBuf> {
         .find(|p| p.join("cgroup.subtree_control").exists())
 }
 
+/// A service restarted as systemd restarts it: followed into its new cgroup at the same path,
+/// with the cgroup's removal and return said.
 #[test]
 fn a_service_restarted_in_its_cgroup_is_picked_up() {
     let _guard = serial();
@@ -664,10 +718,13 @@ fn a_service_restarted_in_its_cgroup_is_picked_up() {
         "--no-gpu",
     ]);
     std::thread::sleep(Duration::from_millis(1300));
-    // The service restarts: the old process exits, a new one is started and put in the
-    // cgroup, as systemd does.
+    // The service restarts as systemd restarts a unit: the old process exits, its cgroup is
+    // removed and made again (a new cgroup at the same path), a new process is put in it.
     let _ = first.0.kill();
     let _ = first.0.wait();
+    std::fs::remove_dir(&dir).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    std::fs::create_dir(&dir).unwrap();
     let second = Kill::group(
         Command::new("python3")
             .args(["-c", SPINNER])
@@ -689,6 +746,13 @@ fn a_service_restarted_in_its_cgroup_is_picked_up() {
     assert!(out.status.success(), "{}", out.stderr);
     let windows = lines(&out.stdout);
     assert!(windows.len() >= 3, "the watch went on: {}", out.stdout);
+    let cgroup = dir.display();
+    for said in [
+        format!("cgroup {cgroup} was removed"),
+        format!("cgroup {cgroup} was made again"),
+    ] {
+        assert!(out.stderr.contains(&said), "{said}: {}", out.stderr);
+    }
     let on_cpu_of = |w: &Value, pid: u64| -> u64 {
         w["threads"]
             .as_array()
@@ -709,10 +773,10 @@ fn a_service_restarted_in_its_cgroup_is_picked_up() {
         joined.contains(&second_pid),
         "the new process joined: {joined:?}"
     );
-    assert!(
-        on_cpu_of(last, second_pid) > 100_000_000,
-        "the new process ran in the last window: {last}"
-    );
+    // The last window may be cut short by the interrupt: the new process's time is counted
+    // over the windows since it started.
+    let ran: u64 = windows.iter().map(|w| on_cpu_of(w, second_pid)).sum();
+    assert!(ran > 100_000_000, "the new process ran: {ran} ns");
     assert_eq!(on_cpu_of(last, first_pid), 0, "the old process is gone");
 }
 

@@ -46,6 +46,9 @@ enum Command {
     Run(run::RunArgs),
     /// Stay attached and close a window every interval, each with its verdict; serve the
     /// series to Prometheus.
+    // --html and --perfetto draw one recording, which a watch is not (`watch::run` says what
+    // to do instead): shared with attach, but kept out of watch's help.
+    #[command(mut_arg("html", |a| a.hide(true)), mut_arg("perfetto", |a| a.hide(true)))]
     Watch(watch::WatchArgs),
     /// Run the built-in inference-like workload under a CPU disturbance and explain it.
     Demo(demo::DemoArgs),

@@ -1,9 +1,12 @@
 //! `--cgroup` during the window: the kernel side adds a process moved into a followed cgroup
 //! as it moves (tp_btf); once a second, the cgroups created under the one given are followed
 //! too, and any process found in them that is not a member yet joins (the classic
-//! tracepoints' only way, and a net under the kernel side's).
+//! tracepoints' only way, and a net under the kernel side's). A cgroup is followed by its
+//! kernel id, so one removed and made again at the same path (systemd stops a unit's cgroup
+//! with the unit and makes a new one at its start) is followed anew; the cgroup given going
+//! and coming back is said.
 
-use std::{collections::BTreeSet, path::PathBuf};
+use std::collections::BTreeSet;
 
 use anyhow::Result;
 
@@ -11,17 +14,24 @@ use crate::sources::{cgroup_target::CgroupTarget, ebpf::SchedProbes, process};
 
 pub struct CgroupWatch {
     target: CgroupTarget,
-    dirs: BTreeSet<PathBuf>,
+    /// The kernel ids (inode numbers) followed.
+    ids: BTreeSet<u64>,
+    /// Whether the cgroup given was there at the last poll.
+    present: bool,
+    notices: bool,
 }
 
 impl CgroupWatch {
-    /// Follows `target`'s cgroups from the kernel side (before the programs are attached).
-    pub fn start(target: &CgroupTarget, probes: &mut SchedProbes) -> Result<Self> {
-        let dirs = target.dirs();
-        probes.follow_cgroups(&target.ids(&dirs))?;
+    /// Follows `target`'s cgroups from the kernel side (before the programs are attached);
+    /// `notices`: say on stderr when the cgroup given is removed or made again.
+    pub fn start(target: &CgroupTarget, probes: &mut SchedProbes, notices: bool) -> Result<Self> {
+        let ids = target.ids(&target.dirs());
+        probes.follow_cgroups(&ids)?;
         Ok(Self {
             target: target.clone(),
-            dirs: dirs.into_iter().collect(),
+            ids: ids.iter().map(|i| i.0).collect(),
+            present: true,
+            notices,
         })
     }
 
@@ -29,15 +39,24 @@ impl CgroupWatch {
     /// members yet. Returns those added.
     pub fn poll(&mut self, probes: &mut SchedProbes) -> Result<Vec<u32>> {
         let now = self.target.dirs();
-        let new: Vec<PathBuf> = now
+        let ids = self.target.ids(&now);
+        let new: Vec<(u64, u32)> = ids
             .iter()
-            .filter(|d| !self.dirs.contains(*d))
-            .cloned()
+            .filter(|(id, _)| !self.ids.contains(id))
+            .copied()
             .collect();
         if !new.is_empty() {
-            probes.add_cgroups(&self.target.ids(&new))?;
-            self.dirs.extend(new);
+            probes.add_cgroups(&new)?;
+            self.ids.extend(new.iter().map(|i| i.0));
         }
+        // Removed ones make room: a service restarted for days must not fill the map.
+        let live: BTreeSet<u64> = ids.iter().map(|i| i.0).collect();
+        let gone: Vec<u64> = self.ids.difference(&live).copied().collect();
+        if !gone.is_empty() {
+            probes.remove_cgroups(&gone)?;
+            self.ids.retain(|id| live.contains(id));
+        }
+        self.say_presence();
         let mut added = Vec::new();
         for pid in CgroupTarget::pids(&now) {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -46,5 +65,29 @@ impl CgroupWatch {
             }
         }
         Ok(added)
+    }
+
+    /// The cgroup given removed, or back: said once each time.
+    fn say_presence(&mut self) {
+        let present = self.target.dir.is_dir();
+        if present == self.present {
+            return;
+        }
+        self.present = present;
+        if !self.notices {
+            return;
+        }
+        if present {
+            eprintln!(
+                "tracer: cgroup {} was made again: following it",
+                self.target.dir.display()
+            );
+        } else {
+            eprintln!(
+                "tracer: cgroup {} was removed: its processes that moved elsewhere are still \
+                 followed, and the cgroup is followed again if it is made again",
+                self.target.dir.display()
+            );
+        }
     }
 }

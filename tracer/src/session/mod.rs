@@ -83,7 +83,6 @@ const SELF_CHECK_THREADS: usize = 4096;
 /// How long after detaching the programs the unsent per-CPU records are read.
 const DETACH_GRACE: Duration = Duration::from_millis(20);
 
-/// Opens a pidfd, which becomes readable when the process exits (Linux 5.3+).
 /// What a trace file says of the recording it holds, from `start`.
 fn trace_meta(
     target: &Target,
@@ -112,11 +111,13 @@ fn trace_meta(
     }
 }
 
-/// The target's pidfd (opened when it was resolved), which becomes readable when it exits.
-fn exit_watch(target: &Target) -> Option<AsyncFd<OwnedFd>> {
+/// A process's pidfd (opened when it was resolved), which becomes readable when it exits, with
+/// its PID as /proc shows it.
+fn exit_watch(target: &Target) -> Option<(u32, AsyncFd<OwnedFd>)> {
     let fd = target.pidfd.as_ref()?.try_clone().ok()?;
     // SAFETY: the AsyncFd owns this duplicate, which stays open until the AsyncFd is dropped.
-    unsafe { AsyncFd::register(fd) }.ok()
+    let fd = unsafe { AsyncFd::register(fd) }.ok()?;
+    Some((target.proc_pid, fd))
 }
 
 fn progress_bar(opts: &SessionOptions, pid: u32) -> ProgressBar {
@@ -152,7 +153,8 @@ pub struct Session<'o> {
     throttle: ThrottleSet,
     /// Each cgroup's samples since the last window was cut.
     throttling: Vec<Vec<CgroupSample>>,
-    exit_fd: Option<AsyncFd<OwnedFd>>,
+    /// The processes given that are still running: the recording ends when the last exits.
+    exit_fds: Vec<(u32, AsyncFd<OwnedFd>)>,
     interrupt: Signal,
     terminate: Signal,
     /// SIGHUP, SIGUSR1 and other triggers, handled only where a caller asked (`tracer
@@ -275,7 +277,10 @@ impl<'o> Session<'o> {
             .map(|t| (t.proc_pid, t.pid))
             .collect();
         let throttle = ThrottleSet::new(&pid_pairs);
-        let exit_fd = exit_watch(target);
+        let exit_fds = targets.members[..targets.given]
+            .iter()
+            .filter_map(exit_watch)
+            .collect();
         let host = host::host_meta(&cpus);
 
         // The CUDA probes first: attaching them takes a while with a large libcuda, and they
@@ -306,7 +311,7 @@ impl<'o> Session<'o> {
             .collect();
         probes.remove_targets(&gone)?;
         let cgroup_watch = match &targets.cgroup {
-            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
+            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes, opts.notices)?),
             None => None,
         };
         let targets = targets.without(&gone);
@@ -361,7 +366,7 @@ impl<'o> Session<'o> {
             sampler,
             throttle,
             throttling,
-            exit_fd,
+            exit_fds,
             interrupt,
             terminate,
             hangup: None,
@@ -397,10 +402,10 @@ impl<'o> Session<'o> {
         Ok(())
     }
 
-    /// The first process's exit does not end the recording (`--cgroup` alone: the service's
-    /// processes come and go).
+    /// No process's exit ends the recording (`--cgroup` alone: the service's processes come
+    /// and go).
     pub fn ignore_target_exit(&mut self) {
-        self.exit_fd = None;
+        self.exit_fds.clear();
     }
 
     /// The target set as it was at the start.

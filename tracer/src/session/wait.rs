@@ -31,12 +31,17 @@ impl Session<'_> {
                     None => std::future::pending().await,
                 }
             };
-            let exited = async {
-                match &self.exit_fd {
-                    Some(fd) => drop(fd.readable().await),
-                    None => std::future::pending().await,
+            // Which of the processes given exited (none given: never).
+            let exited = std::future::poll_fn(|cx| {
+                match self
+                    .exit_fds
+                    .iter()
+                    .position(|(_, fd)| fd.poll_read_ready(cx).is_ready())
+                {
+                    Some(i) => std::task::Poll::Ready(i),
+                    None => std::task::Poll::Pending,
                 }
-            };
+            });
             let hangup = async {
                 match self.hangup.as_mut() {
                     Some(s) => drop(s.recv().await),
@@ -72,10 +77,7 @@ impl Session<'_> {
                 _ = hangup => Some(Some(Wake::Hangup)),
                 _ = user1 => Some(Some(Wake::Trigger)),
                 _ = trigger => Some(Some(Wake::Trigger)),
-                _ = exited => {
-                    self.target_exited_ns = Some(monotonic_ns());
-                    Some(Some(Wake::TargetExited))
-                }
+                i = exited => self.given_exited(i),
             };
             self.drain();
             match woke {
@@ -84,6 +86,26 @@ impl Session<'_> {
                 Some(Some(w)) => return Ok(w),
             }
         }
+    }
+
+    /// The process given `i`-th among those still running exited: the recording goes on while
+    /// another runs, and says so.
+    fn given_exited(&mut self, i: usize) -> Option<Option<Wake>> {
+        let (pid, _) = self.exit_fds.swap_remove(i);
+        if self.exit_fds.is_empty() {
+            self.target_exited_ns = Some(monotonic_ns());
+            return Some(Some(Wake::TargetExited));
+        }
+        if self.opts.notices {
+            let left: Vec<String> = self.exit_fds.iter().map(|(p, _)| p.to_string()).collect();
+            self.bar.suspend(|| {
+                eprintln!(
+                    "tracer: PID {pid} exited; the recording goes on while PID {} runs",
+                    left.join(", ")
+                )
+            });
+        }
+        None
     }
 
     fn on_tick(&mut self) -> Result<()> {

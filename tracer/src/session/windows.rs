@@ -320,7 +320,8 @@ impl Session<'_> {
             start: self.start,
             end,
             end_reason,
-            target_exited_ns: self.target_exited_ns,
+            // Not a window the exit came after (the one being cut when it came).
+            target_exited_ns: self.target_exited_ns.filter(|&t| t <= end),
             initial: self.initial.clone(),
             gpu,
             gpu_capability,

@@ -11,7 +11,7 @@ mod serve;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Args;
 
 use super::args::{RecordArgs, TargetArgs};
@@ -89,10 +89,12 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 pub fn run(args: WatchArgs) -> Result<()> {
     if args.record.outputs.need_timeline() {
-        bail!(
-            "--html and --perfetto draw one recording: give -o FILE to keep the run, then \
-             `tracer report FILE --html PAGE`"
-        );
+        return Err(crate::error::TracerError::Usage {
+            message: "--html and --perfetto draw one recording: give -o FILE to keep the run, \
+                      then `tracer report FILE --html PAGE`"
+                .into(),
+        }
+        .into());
     }
     if args.trigger_p99.is_some() && !args.record.requests.wanted() {
         return Err(crate::error::TracerError::Usage {
@@ -251,8 +253,15 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         Some(e) => Some(otlp::Otlp::start(e, targets)?),
         None => None,
     };
-    let mut session = Session::open(targets, opts, || Ok(()))?;
-    session.handle_signals(trigger_rx)?;
+    let mut session = match Session::open(targets, opts, || Ok(()))
+        .and_then(|mut s| s.handle_signals(trigger_rx).map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            out.abandon();
+            return Err(e);
+        }
+    };
     // Only a process given ends the watch by exiting; a cgroup's processes come and go.
     let given = session.targets().given;
     if given == 0 {
@@ -316,12 +325,14 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         held.as_mut().map(|h| h as &mut dyn FlightStore),
     )?;
     if end_reason == EndReason::TargetExited && !args.record.quiet {
-        let t = targets.primary();
+        let given = &targets.members[..targets.given];
+        let who = match given {
+            [t] => format!("PID {} ({})", t.proc_pid, printable(&t.comm)),
+            _ => format!("the {} processes given", given.len()),
+        };
         eprintln!(
-            "tracer: PID {} ({}) exited: the watch ends after {} windows (--cgroup follows a \
-             service across restarts)",
-            t.proc_pid,
-            printable(&t.comm),
+            "tracer: {who} exited: the watch ends after {} windows (--cgroup follows a service \
+             across restarts)",
             sinks.windows
         );
     }

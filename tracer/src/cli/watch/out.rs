@@ -47,9 +47,12 @@ pub struct Out {
     /// Windows the log lacks, and whether the last one was among them.
     lost: u64,
     failing: bool,
+    /// The log was made by this run (not one appended to).
+    made: bool,
 }
 
-fn open(path: &Path) -> Result<File> {
+/// Opens the log for appending, making it if it is not there: (the file, whether it was made).
+fn open(path: &Path) -> Result<(File, bool)> {
     check(path)?;
     let opts = |create_new: bool| {
         let mut o = std::fs::OpenOptions::new();
@@ -67,9 +70,11 @@ fn open(path: &Path) -> Result<File> {
         // was there keeps its owner and mode.
         Ok(f) => {
             crate::trace::output::own_by_invoker(&f);
-            Ok(f)
+            Ok((f, true))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => opts(false).open(path),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            opts(false).open(path).map(|f| (f, false))
+        }
         Err(e) => Err(e),
     };
     made.with_context(|| format!("opening the log {}", path.display()))
@@ -85,12 +90,24 @@ fn append(f: &mut File, bytes: &[u8]) -> std::io::Result<()> {
 
 impl Out {
     pub fn open(path: Option<&Path>) -> Result<Self> {
+        let opened = path.map(open).transpose()?;
         Ok(Self {
             path: path.map(Path::to_path_buf),
-            file: path.map(open).transpose()?,
+            made: opened.as_ref().is_some_and(|o| o.1),
+            file: opened.map(|o| o.0),
             lost: 0,
             failing: false,
         })
+    }
+
+    /// The watch could not start: a log this run made, still empty, goes, so a start that
+    /// failed (the probes refused, a signal handler) leaves no file behind.
+    pub fn abandon(self) {
+        if let (true, Some(p), Some(f)) = (self.made, &self.path, &self.file)
+            && f.metadata().is_ok_and(|m| m.len() == 0)
+        {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     /// Reopens the log by its path (a no-op on standard output). One that cannot be opened
@@ -98,7 +115,7 @@ impl Out {
     pub fn reopen(&mut self) {
         if let Some(p) = &self.path {
             match open(p) {
-                Ok(f) => self.file = Some(f),
+                Ok((f, _)) => self.file = Some(f),
                 Err(e) => eprintln!(
                     "tracer: SIGHUP: {e:#}; the windows still go to the log open before (SIGHUP \
                      again to retry)"
@@ -217,6 +234,26 @@ mod tests {
             format!("{e}").starts_with("2 windows could not be written"),
             "{e}"
         );
+    }
+
+    /// A start that failed removes the log it made, and only that: one that was there, or
+    /// one with a window in it, stays.
+    #[test]
+    fn a_failed_start_leaves_no_log_it_made() {
+        let dir = std::env::temp_dir().join(format!("tracer-log-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("watch.log");
+        Out::open(Some(&log)).unwrap().abandon();
+        assert!(!log.exists());
+        std::fs::write(&log, "").unwrap();
+        Out::open(Some(&log)).unwrap().abandon();
+        assert!(log.exists(), "a log that was there is the user's");
+        std::fs::remove_file(&log).unwrap();
+        let mut out = Out::open(Some(&log)).unwrap();
+        out.line("one").unwrap();
+        out.abandon();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "one\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

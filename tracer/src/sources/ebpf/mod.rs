@@ -244,6 +244,21 @@ impl SchedProbes {
         Ok(())
     }
 
+    /// Stops following cgroups that were removed (their ids are never used again; the map
+    /// keeps room for those made since).
+    pub fn remove_cgroups(&mut self, ids: &[u64]) -> Result<()> {
+        let mut map: HashMap<_, u64, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("TARGET_CGROUPS")
+                .context("TARGET_CGROUPS map")?,
+        )?;
+        for id in ids {
+            // Absent already is as good.
+            let _ = map.remove(id);
+        }
+        Ok(())
+    }
+
     /// Adds a process found in a followed cgroup to the set, noted as joined now (the kernel
     /// side notes those it sees move in the same way); `tids`: its threads, which the classic
     /// programs know it by. False: it was a member already.
