@@ -723,7 +723,8 @@ fn a_service_restarted_in_its_cgroup_is_picked_up() {
     let _ = first.0.kill();
     let _ = first.0.wait();
     std::fs::remove_dir(&dir).unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    // Two of the once-a-second polls see it gone, even one held up by a window's assembly.
+    std::thread::sleep(Duration::from_millis(2500));
     std::fs::create_dir(&dir).unwrap();
     let second = Kill::group(
         Command::new("python3")

@@ -385,7 +385,10 @@ pub enum Counter {
     /// `recursion_misses`): with `kernel.bpf_stats_enabled`, the classic `sched_wakeup`
     /// program ran 891 times in a second in which the tp_btf one ran 908, both attached to
     /// the cpu-contention demo (2026-12-05), and the classic recording's threads had 27 and
-    /// 28 fewer wakeups than voluntary switches.
+    /// 28 fewer wakeups than voluntary switches. Also counted, with no wakeup lost: a sleep a
+    /// pending signal cut short, which kernels 5.18 to 6.12 report with the sleeping state
+    /// (the task stayed runnable, and its wait counts as blocked all the same), and a wakeup
+    /// between attaching `sched_switch` and `sched_wakeup`.
     UnseenWakeup = 11,
 }
 pub const COUNTER_SLOTS: u32 = 12;

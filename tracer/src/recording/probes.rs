@@ -32,9 +32,10 @@ pub struct Losses {
     pub unseen_switch_ins: u64,
     /// Switches off a CPU the kernel did not trace, repaired.
     pub unseen_switch_outs: u64,
-    /// Switches onto a CPU of a thread the probes took for blocked: its wakeup went untraced
-    /// (tracer-common `Counter::UnseenWakeup`), so the run-queue wait it began, if any, is
-    /// missing from the waits and counted as blocked.
+    /// Switches onto a CPU of a thread the probes took for blocked: its wakeup went untraced,
+    /// or (kernels 5.18 to 6.12) a signal cut its sleep short (tracer-common
+    /// `Counter::UnseenWakeup`); the run-queue wait before the switch-in is missing from the
+    /// waits and counted as blocked.
     #[serde(default)]
     pub unseen_wakeups: u64,
     /// Perf counter reads that failed: those slices' counters are missing.

@@ -183,14 +183,15 @@ pub fn render(r: &Report) -> String {
     if l.unseen_wakeups > 0 {
         let _ = writeln!(
             out,
-            "  warning: {} wakeups of target threads were not traced{}: the run-queue waits \
-             they began are missing, counted as blocked time",
+            "  warning: {} times a target thread ran again with no wakeup traced since it \
+             blocked{}: the run-queue waits in between are counted as blocked time",
             l.unseen_wakeups,
             if s.probe_mode == ProbeMode::Classic {
                 " (the kernel skips classic tracepoint programs now and then; the tp_btf ones, \
                  which need the kernel's BTF, it does not)"
             } else {
-                ""
+                " (a wakeup before the probes were attached, or a sleep a signal cut short, \
+                 which kernels 5.18 to 6.12 report as a block)"
             }
         );
     }

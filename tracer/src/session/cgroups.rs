@@ -45,16 +45,16 @@ impl CgroupWatch {
             .filter(|(id, _)| !self.ids.contains(id))
             .copied()
             .collect();
-        if !new.is_empty() {
-            probes.add_cgroups(&new)?;
-            self.ids.extend(new.iter().map(|i| i.0));
-        }
-        // Removed ones make room: a service restarted for days must not fill the map.
+        // Removed ones make room first: a service restarted for days must not fill the map.
         let live: BTreeSet<u64> = ids.iter().map(|i| i.0).collect();
         let gone: Vec<u64> = self.ids.difference(&live).copied().collect();
         if !gone.is_empty() {
             probes.remove_cgroups(&gone)?;
             self.ids.retain(|id| live.contains(id));
+        }
+        if !new.is_empty() {
+            probes.add_cgroups(&new)?;
+            self.ids.extend(new.iter().map(|i| i.0));
         }
         self.say_presence();
         let mut added = Vec::new();

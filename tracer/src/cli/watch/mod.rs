@@ -245,17 +245,21 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         None => None,
     };
     let out = out::Out::open(args.log.as_deref())?;
-    let latencies = match &args.record.requests.latencies {
-        Some(p) => Some(latencies::LogTail::open(p)?),
-        None => None,
-    };
-    let otlp = match &args.otlp {
-        Some(e) => Some(otlp::Otlp::start(e, targets)?),
-        None => None,
-    };
-    let mut session = match Session::open(targets, opts, || Ok(()))
-        .and_then(|mut s| s.handle_signals(trigger_rx).map(|()| s))
-    {
+    // What can still refuse to start; the log made for a watch that did not start goes.
+    let started = (|| {
+        let latencies = match &args.record.requests.latencies {
+            Some(p) => Some(latencies::LogTail::open(p)?),
+            None => None,
+        };
+        let otlp = match &args.otlp {
+            Some(e) => Some(otlp::Otlp::start(e, targets)?),
+            None => None,
+        };
+        let mut session = Session::open(targets, opts, || Ok(()))?;
+        session.handle_signals(trigger_rx)?;
+        Ok((latencies, otlp, session))
+    })();
+    let (latencies, otlp, mut session) = match started {
         Ok(s) => s,
         Err(e) => {
             out.abandon();

@@ -103,8 +103,14 @@ impl Out {
     /// The watch could not start: a log this run made, still empty, goes, so a start that
     /// failed (the probes refused, a signal handler) leaves no file behind.
     pub fn abandon(self) {
-        if let (true, Some(p), Some(f)) = (self.made, &self.path, &self.file)
-            && f.metadata().is_ok_and(|m| m.len() == 0)
+        use std::os::unix::fs::MetadataExt as _;
+        let (Some(p), Some(f)) = (&self.path, &self.file) else {
+            return;
+        };
+        // Still the file made here (not one put at the path since), and empty.
+        if let (true, Ok(ours), Ok(there)) = (self.made, f.metadata(), std::fs::metadata(p))
+            && (ours.dev(), ours.ino()) == (there.dev(), there.ino())
+            && ours.len() == 0
         {
             let _ = std::fs::remove_file(p);
         }
