@@ -84,6 +84,31 @@ fn a_watch_that_cannot_start_leaves_no_log() {
         out.stderr
     );
     assert!(!log.exists(), "{} was left", log.display());
+    // The trace renamed over the log at the end would lose every window line: refused, as
+    // is the log at the trace's temporary path.
+    std::fs::write(&log, "kept\n").unwrap();
+    let tmp = format!("{}.tmp", log.display());
+    for trace in [log.to_str().unwrap(), &tmp] {
+        let out = run_tracer(&[
+            "watch",
+            "-p",
+            "1",
+            "--log",
+            trace,
+            "-o",
+            log.to_str().unwrap(),
+            "--count",
+            "1",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("would write over the --log"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "kept\n");
+    let _ = std::fs::remove_file(&log);
 }
 
 #[test]

@@ -144,6 +144,67 @@ fn devices_and_fifos_are_never_replaced() {
 }
 
 #[test]
+fn files_the_tool_did_not_write_are_left_alone() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("foreign");
+    let target = sleeper();
+    let pid = target.0.id().to_string();
+    // A typo that names the server's source, for each output.
+    let source = dir.join("serve.py");
+    std::fs::write(&source, "import time\n").unwrap();
+    for flag in ["-o", "--html", "--perfetto"] {
+        let out = run_tracer(&[
+            "attach",
+            "-p",
+            &pid,
+            "-d",
+            "1s",
+            flag,
+            source.to_str().unwrap(),
+        ]);
+        refused_before_recording(&out, 1, "is not");
+        assert!(out.stderr.contains("remove it first"), "{}", out.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(&source).unwrap(), "import time\n");
+    // The tool's own outputs are replaced by the next run.
+    let (trace, page) = (dir.join("r.trace"), dir.join("r.html"));
+    for _ in 0..2 {
+        let out = run_tracer(&[
+            "attach",
+            "-p",
+            &pid,
+            "-d",
+            "300ms",
+            "-q",
+            "-o",
+            trace.to_str().unwrap(),
+            "--html",
+            page.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", out.stderr);
+    }
+    // Something other than a file at PATH.tmp: opening a FIFO would block for ever (the
+    // tool is killed after 20 s if it does).
+    let fifo_at = dir.join("q.trace");
+    mknod(&dir.join("q.trace.tmp"), libc::S_IFIFO | 0o600, 0);
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "20"])
+        .arg(tracer_bin())
+        .args(["attach", "-p", &pid, "-d", "1s", "-o"])
+        .arg(&fifo_at)
+        .output()
+        .unwrap();
+    let out = tracer_tests::Finished {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    refused_before_recording(&out, 1, "is a FIFO, not a recording's temporary file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn every_output_is_checked_before_attaching_and_never_given_twice() {
     let _guard = serial();
     require_root();
@@ -471,7 +532,8 @@ fn the_latency_log_is_checked_first_and_a_bad_one_keeps_the_summary() {
             "it recorded first"
         );
     }
-    // A log that is malformed by the time the window ends: the summary is still printed, and
+    // A log that is malformed by the time the window ends (no line of it a request; a single
+    // malformed line among requests costs only itself): the summary is still printed, and
     // the error names the line.
     let log = dir.join("lat.jsonl");
     std::fs::write(&log, "").unwrap();
@@ -485,14 +547,15 @@ fn the_latency_log_is_checked_first_and_a_bad_one_keeps_the_summary() {
         "--latencies",
         log.to_str().unwrap(),
     ]);
-    std::fs::write(
-        &log,
-        "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 3}\nnot json\n",
-    )
-    .unwrap();
+    std::fs::write(&log, "{\"start_ns\": 1, \"end_ns\": 2}\nnot json\n").unwrap();
     let out = tracer.finish(Duration::from_secs(20));
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(out.stderr.contains("line 2"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no line of the log is a request: line 1"),
+        "{}",
+        out.stderr
+    );
     assert!(out.json()["threads"].is_array(), "the summary is printed");
     let _ = std::fs::remove_dir_all(&dir);
 }

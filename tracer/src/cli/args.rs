@@ -195,8 +195,9 @@ impl OutputArgs {
     /// Checks the files before any work is done (`report` reads the trace first); none may
     /// replace one of the command's `inputs`.
     pub fn check(&self, inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
-        crate::trace::output::check_all(&self.paths())?;
-        crate::trace::output::check_not_inputs(&self.paths(), inputs)
+        // An output over an input is the more precise error (and a usage error): said first.
+        crate::trace::output::check_not_inputs(&self.paths(), inputs)?;
+        crate::trace::output::check_all(&self.paths())
     }
 }
 
@@ -217,10 +218,23 @@ impl RecordArgs {
         if let Some(p) = &self.output {
             paths.insert(0, ("--output", p.as_path()));
         }
+        if let Some(p) = &self.requests.latencies {
+            // Before the outputs' own checks: the more precise error, and a usage error.
+            crate::trace::output::check_not_inputs(&paths, &[("the latency log", p)])?;
+        }
         crate::trace::output::check_all(&paths)?;
         if let Some(p) = &self.requests.latencies {
             check_latency_log(p, log_may_not_exist)?;
-            crate::trace::output::check_not_inputs(&paths, &[("the latency log", p)])?;
+            // The log is read after the trace is finished, so the trace does not hold it.
+            if let Some(o) = self.output.as_ref().filter(|_| !self.quiet) {
+                eprintln!(
+                    "tracer: {} will hold the recording, not the latency log: `tracer report \
+                     {} --latencies {}` gives the request verdict again",
+                    o.display(),
+                    o.display(),
+                    p.display()
+                );
+            }
         }
         Ok(())
     }

@@ -11,11 +11,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::args::OutputArgs;
+use crate::trace::output::Kind;
 use crate::{
     analysis::{Report, analyze},
     recording::{
         Recording,
-        latency_log::{is_whole_record, parse_latency_log, to_kernel_tids},
+        latency_log::{is_whole_record, parse_latency_log_lenient, to_kernel_tids},
     },
     render,
 };
@@ -46,19 +47,28 @@ pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
             text.truncate(cut);
         }
     }
-    let mut set = parse_latency_log(
+    let (mut set, malformed) = parse_latency_log_lenient(
         &text,
         rec.host.realtime_minus_monotonic_ns,
         (rec.start_ns, rec.end_ns),
     )
     .with_context(|| format!("{}", path.display()))?;
+    if let Some((n, first)) = malformed {
+        eprintln!(
+            "tracer: the latency log {}: {n} line(s) left out, the first: {first:#}",
+            path.display()
+        );
+    }
     to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
     rec.requests = Some(set);
     Ok(())
 }
 
 /// Writes to stdout, reporting a closed or full stdout as an error instead of panicking.
+/// SIGINT and SIGTERM wait for the end of the document, as for a file: a reader must never
+/// get half of one (a reader that stops reading holds the tool until it is killed).
 pub fn stdout(text: &str) -> Result<()> {
+    let _deferred = crate::signals::Deferred::new();
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
@@ -67,6 +77,7 @@ pub fn stdout(text: &str) -> Result<()> {
 
 /// Streams a JSON document to stdout (`render::write_json`), with `stdout`'s errors.
 pub fn stdout_json(doc: &impl serde::Serialize) -> Result<()> {
+    let _deferred = crate::signals::Deferred::new();
     render::write_json(doc, std::io::stdout().lock())
         .context("writing the summary to standard output")
 }
@@ -134,19 +145,24 @@ pub fn print_recording(
 pub fn write_outputs(rec: &Recording, report: &Report, outputs: &OutputArgs) -> Result<()> {
     let mut failures = Failures::default();
     if let Some(path) = &outputs.perfetto {
-        failures.keep(write_output(path, &render::perfetto::render(rec)));
+        failures.keep(write_output(
+            path,
+            &render::perfetto::render(rec),
+            Kind::Perfetto,
+        ));
     }
     if let Some(path) = &outputs.html {
         failures.keep(write_output(
             path,
             render::html::render(rec, report).as_bytes(),
+            Kind::Html,
         ));
     }
     failures.into_result()
 }
 
-fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::trace::writer::write_atomic(path, bytes)?;
+fn write_output(path: &Path, bytes: &[u8], kind: Kind) -> Result<()> {
+    crate::trace::writer::write_atomic(path, bytes, kind)?;
     eprintln!("tracer: wrote {}", path.display());
     Ok(())
 }
@@ -165,7 +181,8 @@ mod tests {
     }
 
     /// A record still being written at the end of the log is left for the next reading; a
-    /// whole last record without its newline counts; a malformed line elsewhere is an error.
+    /// whole last record without its newline counts; a malformed line elsewhere costs itself,
+    /// and a log with no request at all is an error.
     #[test]
     fn a_record_still_being_written_is_left_out() {
         let one = r#"{"start_ns": 2000, "end_ns": 3000, "tid": 7}"#;
@@ -174,6 +191,7 @@ mod tests {
         assert_eq!(spans(&format!("{one}\n{two}\n")), 2);
         assert_eq!(spans(&format!("{one}\n{two}")), 2);
         assert_eq!(spans(&format!("{one}\n{{\"start_ns\": 40")), 1);
-        assert!(loaded(&format!("{{\"start_ns\": 40\n{one}\n")).is_err());
+        assert_eq!(spans(&format!("{{\"start_ns\": 40\n{one}\n")), 1);
+        assert!(loaded("{\"start_ns\": 40\n\n").is_err());
     }
 }

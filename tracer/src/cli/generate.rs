@@ -69,7 +69,7 @@ fn make_dir(dir: &Path) -> Result<()> {
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic(path, bytes)?;
+    write_atomic(path, bytes, crate::trace::output::Kind::Any)?;
     // write_atomic makes private files (traces hold other processes' data); these are for
     // everyone to read.
     use std::os::unix::fs::PermissionsExt as _;

@@ -9,7 +9,10 @@
 
 use std::{
     fs::File,
-    os::unix::{ffi::OsStrExt as _, fs::FileTypeExt as _},
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::{FileTypeExt as _, OpenOptionsExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -31,7 +34,7 @@ fn not_replaceable(path: &Path) -> Option<&'static str> {
 }
 
 /// A file type, in words.
-fn describe(ft: std::fs::FileType) -> &'static str {
+pub(super) fn describe(ft: std::fs::FileType) -> &'static str {
     if ft.is_file() {
         "a regular file"
     } else if ft.is_symlink() {
@@ -51,8 +54,78 @@ fn describe(ft: std::fs::FileType) -> &'static str {
     }
 }
 
-/// Refuses a path that exists and is not a regular file.
-pub fn check_replaceable(path: &Path) -> Result<()> {
+/// What an output holds: a file the tool wrote of the same kind (an earlier recording's
+/// trace, page or Perfetto file) may be replaced by a new one; any other file may not (`-o
+/// serve.py` would have put a trace where the server's source was).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Trace,
+    Html,
+    Perfetto,
+    /// Files meant to be regenerated in place (man pages, completions).
+    Any,
+}
+
+/// In the `<head>` of every HTML page the tool writes (render/html/page.html).
+pub const HTML_GENERATOR: &str = r#"<meta name="generator" content="tracer">"#;
+
+impl Kind {
+    /// The output a command-line flag names.
+    pub fn of_flag(flag: &str) -> Self {
+        match flag {
+            "--html" => Kind::Html,
+            "--perfetto" => Kind::Perfetto,
+            "--output" => Kind::Trace,
+            _ => Kind::Any,
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Trace => "a trace file",
+            Kind::Html => "an HTML report",
+            Kind::Perfetto => "a Perfetto trace",
+            Kind::Any => "a file",
+        }
+    }
+
+    /// Whether a file beginning with `head` (its first bytes, up to 1 KiB) is one the tool
+    /// wrote as this kind.
+    fn wrote(self, head: &[u8]) -> bool {
+        match self {
+            Kind::Trace => head.starts_with(&super::format::MAGIC),
+            Kind::Html => {
+                head.starts_with(b"<!DOCTYPE html>")
+                    && head
+                        .windows(HTML_GENERATOR.len())
+                        .any(|w| w == HTML_GENERATOR.as_bytes())
+            }
+            // render/perfetto.rs's first packet: its timestamp, our sequence (1), then the
+            // clock snapshot.
+            Kind::Perfetto => {
+                let varint_end = |at: usize| {
+                    let n = head.get(at..)?.iter().position(|b| b & 0x80 == 0)?;
+                    Some(at + n + 1)
+                };
+                let Some(after_len) = (head.first() == Some(&0x0a))
+                    .then(|| varint_end(1))
+                    .flatten()
+                else {
+                    return false;
+                };
+                head.get(after_len) == Some(&0x40)
+                    && varint_end(after_len + 1)
+                        .and_then(|i| head.get(i..i + 3))
+                        .is_some_and(|b| b == [0x50, 0x01, 0x32])
+            }
+            Kind::Any => true,
+        }
+    }
+}
+
+/// Refuses a path that exists and is not a regular file, or is a non-empty file that is not
+/// `kind` as the tool writes it.
+pub fn check_replaceable(path: &Path, kind: Kind) -> Result<()> {
     if let Some(what) = not_replaceable(path) {
         bail!(
             "{} is {what}; the tracer writes only regular files (it would replace this one): \
@@ -60,7 +133,33 @@ pub fn check_replaceable(path: &Path) -> Result<()> {
             path.display()
         );
     }
+    if let Some(why) = foreign(path, kind) {
+        bail!(
+            "{} exists and {why}: the tracer replaces only its own outputs; remove it first or \
+             give another path",
+            path.display()
+        );
+    }
     Ok(())
+}
+
+/// Why an existing regular file may not be replaced by output `kind`, if it may not.
+fn foreign(path: &Path, kind: Kind) -> Option<String> {
+    if kind == Kind::Any {
+        return None;
+    }
+    let mut head = Vec::with_capacity(1024);
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1024), &mut head));
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("cannot be read to tell what it is ({e})")),
+        Ok(_) if head.is_empty() || kind.wrote(&head) => None,
+        Ok(_) => Some(format!("is not {} this tool wrote", kind.what())),
+    }
 }
 
 /// The directory a relative or absolute output path lands in.
@@ -71,12 +170,13 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Checks one output path: replaceable, in a directory that exists and can be written.
-pub fn check_path(path: &Path) -> Result<()> {
+/// Checks one output path: replaceable by `kind`, in a directory that exists and can be
+/// written.
+pub fn check_path(path: &Path, kind: Kind) -> Result<()> {
     if path.as_os_str().is_empty() {
         bail!("an output path is empty: give a file name");
     }
-    check_replaceable(path)?;
+    check_replaceable(path, kind)?;
     let dir = parent_dir(path);
     if !dir.is_dir() {
         bail!(
@@ -113,9 +213,6 @@ fn identity(path: &Path) -> PathBuf {
 /// naming the same file (nor one naming another's temporary file, `PATH.tmp`). Giving the
 /// same file twice is a usage error.
 pub fn check_all(outputs: &[(&str, &Path)]) -> Result<()> {
-    for (_, path) in outputs {
-        check_path(path)?;
-    }
     let ids: Vec<(&str, PathBuf)> = outputs.iter().map(|(f, p)| (*f, identity(p))).collect();
     for (i, (flag_a, a)) in ids.iter().enumerate() {
         for (flag_b, b) in &ids[i + 1..] {
@@ -131,6 +228,10 @@ pub fn check_all(outputs: &[(&str, &Path)]) -> Result<()> {
                 .into());
             }
         }
+    }
+    // After the usage errors: each path, as a file.
+    for (flag, path) in outputs {
+        check_path(path, Kind::of_flag(flag))?;
     }
     Ok(())
 }
@@ -182,12 +283,20 @@ pub fn check_input(what: &str, path: &Path) -> Result<()> {
 }
 
 /// Renames a finished temporary file over `path`, unless `path` became something other than
-/// a regular file since it was checked. The temporary file is left where it is on failure:
-/// it holds the output.
-pub fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
+/// a regular file, or another file than `kind` the tool wrote, since it was checked. The
+/// temporary file is left where it is on failure: it holds the output.
+pub fn rename_into_place(tmp: &Path, path: &Path, kind: Kind) -> Result<()> {
     if let Some(what) = not_replaceable(path) {
         bail!(
             "{} became {what} while the tracer ran; it was not replaced, and the output is in {}",
+            path.display(),
+            tmp.display()
+        );
+    }
+    if let Some(why) = foreign(path, kind) {
+        bail!(
+            "{} appeared while the tracer ran and {why}; it was not replaced, and the output is \
+             in {}",
             path.display(),
             tmp.display()
         );
@@ -273,24 +382,74 @@ mod tests {
         let d = scratch("kinds");
         let regular = d.join("f");
         std::fs::write(&regular, b"x").unwrap();
-        check_path(&regular).unwrap();
-        check_path(&d.join("new")).unwrap();
+        check_path(&regular, Kind::Any).unwrap();
+        check_path(&d.join("new"), Kind::Any).unwrap();
         let link = d.join("l");
         std::os::unix::fs::symlink(&regular, &link).unwrap();
-        let err = check_path(&link).unwrap_err().to_string();
+        let err = check_path(&link, Kind::Any).unwrap_err().to_string();
         assert!(err.contains("symbolic link"), "{err}");
-        let err = check_path(&d).unwrap_err().to_string();
+        let err = check_path(&d, Kind::Any).unwrap_err().to_string();
         assert!(err.contains("a directory"), "{err}");
         let fifo = d.join("p");
         let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: mkfifo reads the path we own.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let err = check_path(&fifo).unwrap_err().to_string();
+        let err = check_path(&fifo, Kind::Any).unwrap_err().to_string();
         assert!(err.contains("a FIFO"), "{err}");
-        let err = check_path(Path::new("/dev/null")).unwrap_err().to_string();
+        let err = check_path(Path::new("/dev/null"), Kind::Any)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("character device"), "{err}");
-        let err = check_path(&d.join("missing/x")).unwrap_err().to_string();
+        let err = check_path(&d.join("missing/x"), Kind::Any)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a directory"), "{err}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_existing_file_is_replaced_only_by_its_own_kind() {
+        let d = scratch("foreign");
+        let source = d.join("serve.py");
+        std::fs::write(&source, b"import time\n").unwrap();
+        for kind in [Kind::Trace, Kind::Html, Kind::Perfetto] {
+            let err = check_path(&source, kind).unwrap_err().to_string();
+            assert!(err.contains("exists and is not"), "{err}");
+            assert!(
+                err.contains("remove it first or give another path"),
+                "{err}"
+            );
+        }
+        check_path(&source, Kind::Any).unwrap();
+        // Empty, or what the tool writes: replaced.
+        let empty = d.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        check_path(&empty, Kind::Trace).unwrap();
+        let trace = d.join("rec.trace");
+        std::fs::write(&trace, super::super::format::MAGIC).unwrap();
+        check_path(&trace, Kind::Trace).unwrap();
+        assert!(check_path(&trace, Kind::Html).is_err());
+        let rec = crate::recording::testutil::recording(vec![], vec![]);
+        let report = crate::analysis::analyze(&rec);
+        let page = d.join("page.html");
+        std::fs::write(&page, crate::render::html::render(&rec, &report)).unwrap();
+        check_path(&page, Kind::Html).unwrap();
+        assert!(check_path(&page, Kind::Perfetto).is_err());
+        let pf = d.join("rec.pftrace");
+        std::fs::write(&pf, crate::render::perfetto::render(&rec)).unwrap();
+        check_path(&pf, Kind::Perfetto).unwrap();
+        assert!(check_path(&pf, Kind::Trace).is_err());
+        // Another HTML page is not ours.
+        std::fs::write(&page, b"<!DOCTYPE html><html><body>mine</body></html>").unwrap();
+        assert!(check_path(&page, Kind::Html).is_err());
+        // Checked again at the rename: a file that appeared meanwhile stays.
+        let tmp = d.join("x.tmp");
+        std::fs::write(&tmp, b"new").unwrap();
+        let err = rename_into_place(&tmp, &source, Kind::Trace)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("appeared while the tracer ran"), "{err}");
+        assert_eq!(std::fs::read(&source).unwrap(), b"import time\n");
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -315,13 +474,13 @@ mod tests {
         let d = scratch("rename");
         let tmp = d.join("t");
         std::fs::write(&tmp, b"data").unwrap();
-        let err = rename_into_place(&tmp, Path::new("/dev/null"))
+        let err = rename_into_place(&tmp, Path::new("/dev/null"), Kind::Any)
             .unwrap_err()
             .to_string();
         assert!(err.contains("was not replaced"), "{err}");
         assert!(tmp.exists(), "the output stays in its temporary file");
         let dst = d.join("final");
-        rename_into_place(&tmp, &dst).unwrap();
+        rename_into_place(&tmp, &dst, Kind::Any).unwrap();
         assert_eq!(std::fs::read(&dst).unwrap(), b"data");
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -15,6 +15,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use super::{
     TraceMeta,
     format::{FrameKind, write_frame, write_header},
+    output::Kind,
 };
 use crate::recording::{Recording, cgroup::CgroupSample, gpu::GpuPoll};
 
@@ -49,7 +50,7 @@ impl TraceWriter {
     /// symbolic link, if a `PATH.tmp` is left from an interrupted recording, or if the
     /// directory is not writable.
     pub fn create(path: &Path) -> Result<Self> {
-        super::output::check_replaceable(path)?;
+        super::output::check_replaceable(path, Kind::Trace)?;
         let tmp = super::output::temp_path(path);
         let file = match create_temp(&tmp) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -173,7 +174,7 @@ impl TraceWriter {
         let file = out.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
         file.sync_all()
             .with_context(|| format!("syncing {}", self.tmp.display()))?;
-        super::output::rename_into_place(&self.tmp, &self.path)?;
+        super::output::rename_into_place(&self.tmp, &self.path, Kind::Trace)?;
         // The rename itself is durable once the directory is synced.
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
             && let Ok(d) = File::open(dir)
@@ -190,9 +191,10 @@ impl TraceWriter {
 }
 
 /// Writes `bytes` to `path` all at once: into a temporary file beside it (0600, never through
-/// a symbolic link), then renamed over `path`, which must be absent or a regular file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    super::output::check_replaceable(path)?;
+/// a symbolic link), then renamed over `path`, which must be absent, empty, or `kind` as the
+/// tool writes it.
+pub fn write_atomic(path: &Path, bytes: &[u8], kind: Kind) -> Result<()> {
+    super::output::check_replaceable(path, kind)?;
     let _deferred = crate::signals::Deferred::new();
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
@@ -212,7 +214,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         bail!("cannot write {}: {e}", path.display());
     }
-    super::output::rename_into_place(&tmp, path)
+    super::output::rename_into_place(&tmp, path, kind)
 }
 
 fn create_temp(tmp: &Path) -> std::io::Result<File> {
@@ -232,7 +234,25 @@ const HEADER_BYTES: u64 = 16;
 /// its first second): removed, with a notice. Anything else may hold a recording: the user is
 /// told how to read it.
 fn leftover(tmp: &Path) -> Result<()> {
-    let busy = File::open(tmp).is_ok_and(|f| {
+    // Looked at before anything opens it: opening a FIFO would wait for a writer for ever
+    // (signals cannot end an open blocked there), and a link or a directory holds no
+    // recording of ours.
+    let meta = std::fs::symlink_metadata(tmp)?;
+    if !meta.file_type().is_file() {
+        bail!(
+            "{} exists and is {}, not a recording's temporary file: remove it or give another \
+             path",
+            tmp.display(),
+            super::output::describe(meta.file_type())
+        );
+    }
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(tmp)
+    };
+    let busy = open().is_ok_and(|f| {
         // SAFETY: flock on a descriptor we own; it is released when `f` is dropped.
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
     });
@@ -242,15 +262,14 @@ fn leftover(tmp: &Path) -> Result<()> {
             tmp.display()
         );
     }
-    let meta = std::fs::symlink_metadata(tmp)?;
     let magic_or_nothing = || {
         let mut head = Vec::new();
-        File::open(tmp)
+        open()
             .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 8), &mut head))
             .is_ok()
             && super::format::MAGIC.starts_with(&head)
     };
-    let empty = meta.file_type().is_file() && meta.len() <= HEADER_BYTES && magic_or_nothing();
+    let empty = meta.len() <= HEADER_BYTES && magic_or_nothing();
     // A tracer that has just created the file takes its lock microseconds later: a file
     // modified in the last second may be that one.
     let recent = meta

@@ -194,9 +194,11 @@ impl Flight {
             lines.push_str(doc);
             lines.push('\n');
         }
+        // Beside a trace file at a path not taken: nothing of anyone's is there.
         crate::trace::writer::write_atomic(
             &written.with_extension("windows.jsonl"),
             lines.as_bytes(),
+            crate::trace::output::Kind::Any,
         )?;
         Ok(written)
     }

@@ -104,7 +104,6 @@ pub fn run(args: WatchArgs) -> Result<()> {
         }
         .into());
     }
-    args.record.check_inputs_and_outputs(false)?;
     if let Some(e) = &args.otlp {
         otlp::check_endpoint(e)?;
     }
@@ -113,7 +112,13 @@ pub fn run(args: WatchArgs) -> Result<()> {
         if let Some(l) = &args.record.requests.latencies {
             crate::trace::output::check_not_inputs(&[("--log", p)], &[("the latency log", l)])?;
         }
+        // The trace is renamed over its path at the end: a log there would be lost whole.
+        if let Some(o) = &args.record.output {
+            crate::trace::output::check_not_inputs(&[("--output", o)], &[("the --log", p)])?;
+        }
     }
+    // After the log's own checks: naming it as the trace too is a usage error, said first.
+    args.record.check_inputs_and_outputs(false)?;
     if args.keep.is_some() {
         check_flight_dir(&args.flight_dir)?;
     }
