@@ -116,7 +116,9 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
             (Key::Cgroup(cgroup.clone()), NeighbourKind::Cgroup, cgroup)
         } else if let Some(ppid) = r
             .and_then(|r| r.ppid)
-            .filter(|_| !crate::recording::is_migration_stopper(&process))
+            // Processes of one command under init are unrelated daemons, not one program's
+            // workers: each is its own neighbour.
+            .filter(|&ppid| ppid > 1 && !crate::recording::is_migration_stopper(&process))
         {
             (
                 Key::Command(process.clone(), ppid),
@@ -247,5 +249,28 @@ mod tests {
         );
         assert_eq!(n[0].processes, vec![11, 12]);
         assert!((n[0].wait_share - 510.0 / 1001.0).abs() < 1e-9);
+
+        // Two daemons of one command under init are two neighbours, not one program.
+        let mut rec = recording(
+            vec![],
+            vec![
+                p(51, 51, "python3", 300, Some(1), "/user.slice/s1.scope"),
+                p(52, 52, "python3", 1, Some(1), "/user.slice/s1.scope"),
+            ],
+        );
+        rec.target_cgroup = Some("/user.slice/s1.scope".into());
+        let (per_task, _) = summarize(&rec);
+        let n = group(&rec, &per_task);
+        let kinds: Vec<(NeighbourKind, &str, u64)> = n
+            .iter()
+            .map(|g| (g.kind, g.name.as_str(), g.process_count))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (NeighbourKind::Process, "python3", 1),
+                (NeighbourKind::Process, "python3", 1),
+            ]
+        );
     }
 }

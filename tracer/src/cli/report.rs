@@ -14,7 +14,8 @@ pub struct ReportArgs {
     /// `.tmp` left by an interrupted recording reads too).
     pub file: PathBuf,
     /// Print one JSON document on stdout instead of the text summary (the same document the
-    /// recording printed with --json).
+    /// recording printed with --json; a recording made with --latencies needs the log given
+    /// again, which the trace does not hold).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

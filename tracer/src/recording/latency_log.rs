@@ -137,10 +137,39 @@ pub fn parse_latency_log(
     realtime_minus_monotonic_ns: i64,
     window: (u64, u64),
 ) -> Result<RequestSet> {
+    let (set, malformed) = parse_latency_log_lenient(text, realtime_minus_monotonic_ns, window)?;
+    match malformed {
+        Some((_, first)) => Err(first),
+        None => Ok(set),
+    }
+}
+
+/// `parse_latency_log`, where a malformed request line costs that line, as in a watch: the
+/// requests, and how many lines were left out with the first one's error. A line naming a
+/// clock the tool does not know is still an error (the lines after it would be read on the
+/// wrong clock), and so is a log of which no line is a request (not a latency log at all).
+pub fn parse_latency_log_lenient(
+    text: &str,
+    realtime_minus_monotonic_ns: i64,
+    window: (u64, u64),
+) -> Result<(RequestSet, Option<(u64, anyhow::Error)>)> {
     let mut parser = LogParser::default();
     let mut spans = Vec::new();
+    let mut malformed: Option<(u64, anyhow::Error)> = None;
     for line in text.lines() {
-        spans.extend(parser.line(line, realtime_minus_monotonic_ns)?);
+        match parser.line(line, realtime_minus_monotonic_ns) {
+            Ok(span) => spans.extend(span),
+            Err(e) if line.contains("\"clock\"") => return Err(e),
+            Err(e) => match &mut malformed {
+                Some((n, _)) => *n += 1,
+                None => malformed = Some((1, e)),
+            },
+        }
+    }
+    if spans.is_empty()
+        && let Some((_, first)) = malformed
+    {
+        return Err(first.context("no line of the log is a request"));
     }
     let (inside, outside): (Vec<_>, Vec<_>) = spans
         .into_iter()
@@ -152,7 +181,7 @@ pub fn parse_latency_log(
             outside.len()
         );
     }
-    Ok(set(inside, outside.len() as u64))
+    Ok((set(inside, outside.len() as u64), malformed))
 }
 
 /// Moves a log's thread IDs to the kernel's, where the tool runs in a PID namespace of its own
@@ -272,6 +301,29 @@ mod tests {
         assert!(err("\ngarbage").contains("line 2"));
         assert!(err("{\"clock\": \"tai\"}").contains("unknown clock"));
         assert!(err("{\"start_ns\": 5000, \"end_ns\": 6000, \"tid\": 1}").contains("window"));
+    }
+
+    /// Leniently, a malformed request line costs itself; an unknown clock, or a file with no
+    /// request at all, is still an error.
+    #[test]
+    fn a_malformed_line_costs_only_itself() {
+        let text = "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 5}\n\
+                    garbage\n{\"start_ns\": 9, \"end_ns\": 3, \"tid\": 5}\n\
+                    {\"start_ns\": 4, \"end_ns\": 6, \"tid\": 5}\n";
+        let (set, malformed) = parse_latency_log_lenient(text, 0, (0, 10)).unwrap();
+        assert_eq!(set.spans.len(), 2);
+        let (n, first) = malformed.unwrap();
+        assert_eq!(n, 2);
+        assert!(format!("{first:#}").contains("line 2"), "{first:#}");
+        let err = |t: &str| {
+            format!(
+                "{:#}",
+                parse_latency_log_lenient(t, 0, (0, 10)).unwrap_err()
+            )
+        };
+        assert!(err("garbage\nmore\n").contains("no line of the log is a request"));
+        let clock = "{\"start_ns\": 1, \"end_ns\": 2, \"tid\": 5}\n{\"clock\": \"tai\"}\n";
+        assert!(err(clock).contains("unknown clock"));
     }
 
     /// Lines skipped as history still set the clock and count toward the line numbers.

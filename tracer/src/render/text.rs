@@ -50,7 +50,13 @@ pub fn render(r: &Report) -> String {
         EndReason::Duration => String::new(),
         EndReason::Interrupted => " (stopped early by a signal)".into(),
         EndReason::TargetExited => format!(
-            " (the process exited after {})",
+            " ({} exited after {})",
+            // With `-p A,B` the recording ends when the last of them exits.
+            if s.processes.iter().filter(|p| p.given).count() > 1 {
+                "the last of the processes given"
+            } else {
+                "the process"
+            },
             dur(s
                 .target_exited_ns
                 .unwrap_or(s.end_ns)
@@ -137,7 +143,10 @@ pub fn render(r: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "  cgroup {}{holding}: {quota}; throttled{by} in {} of {} periods ({}), {} in all",
+            // The kernel adds up each CPU's throttled time: with several CPUs it can exceed
+            // the window.
+            "  cgroup {}{holding}: {quota}; throttled{by} in {} of {} periods ({}), {} summed \
+             over its CPUs",
             c.path,
             c.throttled_periods,
             c.periods,
@@ -547,5 +556,39 @@ fn gpu_devices(out: &mut String, s: &Summary, g: &crate::analysis::gpu::GpuSumma
                 reasons.join(", ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::recording::{EndReason, ProcessRecord, testutil};
+
+    /// The heading says which exit ended the recording: with `-p A,B`, the last one's.
+    #[test]
+    fn the_heading_says_whose_exit_ended_the_recording() {
+        let process = |pid| ProcessRecord {
+            pid,
+            ppid: 1,
+            comm: "server".into(),
+            cmdline: vec![],
+            given: true,
+            joined_ns: None,
+            cgroup: None,
+            python: None,
+        };
+        let text = |processes: Vec<ProcessRecord>| {
+            let mut rec = testutil::recording(vec![], vec![]);
+            rec.end_reason = EndReason::TargetExited;
+            rec.target_exited_ns = Some(6_000);
+            rec.processes = processes;
+            super::render(&crate::analysis::analyze(&rec))
+        };
+        let one = text(vec![process(100)]);
+        assert!(one.contains("(the process exited after 5.00µs)"), "{one}");
+        let two = text(vec![process(100), process(200)]);
+        assert!(
+            two.contains("(the last of the processes given exited after 5.00µs)"),
+            "{two}"
+        );
     }
 }

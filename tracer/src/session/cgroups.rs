@@ -18,26 +18,24 @@ pub struct CgroupWatch {
     ids: BTreeSet<u64>,
     /// Whether the cgroup given was there at the last poll.
     present: bool,
-    notices: bool,
 }
 
 impl CgroupWatch {
-    /// Follows `target`'s cgroups from the kernel side (before the programs are attached);
-    /// `notices`: say on stderr when the cgroup given is removed or made again.
-    pub fn start(target: &CgroupTarget, probes: &mut SchedProbes, notices: bool) -> Result<Self> {
+    /// Follows `target`'s cgroups from the kernel side (before the programs are attached).
+    pub fn start(target: &CgroupTarget, probes: &mut SchedProbes) -> Result<Self> {
         let ids = target.ids(&target.dirs());
         probes.follow_cgroups(&ids)?;
         Ok(Self {
             target: target.clone(),
             ids: ids.iter().map(|i| i.0).collect(),
             present: true,
-            notices,
         })
     }
 
     /// Follows the cgroups created since, and adds the processes in any of them that are not
-    /// members yet. Returns those added.
-    pub fn poll(&mut self, probes: &mut SchedProbes) -> Result<Vec<u32>> {
+    /// members yet. Returns what to say, if the cgroup given was removed or made again (the
+    /// caller prints it, past its progress bar).
+    pub fn poll(&mut self, probes: &mut SchedProbes) -> Result<Option<String>> {
         let now = self.target.dirs();
         let ids = self.target.ids(&now);
         let new: Vec<(u64, u32)> = ids
@@ -56,38 +54,32 @@ impl CgroupWatch {
             probes.add_cgroups(&new)?;
             self.ids.extend(new.iter().map(|i| i.0));
         }
-        self.say_presence();
-        let mut added = Vec::new();
+        let notice = self.presence_changed();
         for pid in CgroupTarget::pids(&now) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if probes.join(pid, comm.trim_end(), &process::task_ids(pid))? {
-                added.push(pid);
+            if crate::sources::targets::is_self(pid) {
+                continue;
             }
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            probes.join(pid, comm.trim_end(), &process::task_ids(pid))?;
         }
-        Ok(added)
+        Ok(notice)
     }
 
     /// The cgroup given removed, or back: said once each time.
-    fn say_presence(&mut self) {
+    fn presence_changed(&mut self) -> Option<String> {
         let present = self.target.dir.is_dir();
         if present == self.present {
-            return;
+            return None;
         }
         self.present = present;
-        if !self.notices {
-            return;
-        }
-        if present {
-            eprintln!(
-                "tracer: cgroup {} was made again: following it",
-                self.target.dir.display()
-            );
+        let dir = self.target.dir.display();
+        Some(if present {
+            format!("tracer: cgroup {dir} was made again: following it")
         } else {
-            eprintln!(
-                "tracer: cgroup {} was removed: its processes that moved elsewhere are still \
-                 followed, and the cgroup is followed again if it is made again",
-                self.target.dir.display()
-            );
-        }
+            format!(
+                "tracer: cgroup {dir} was removed: its processes that moved elsewhere are still \
+                 followed, and the cgroup is followed again if it is made again"
+            )
+        })
     }
 }

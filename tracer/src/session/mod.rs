@@ -311,7 +311,7 @@ impl<'o> Session<'o> {
             .collect();
         probes.remove_targets(&gone)?;
         let cgroup_watch = match &targets.cgroup {
-            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes, opts.notices)?),
+            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
             None => None,
         };
         let targets = targets.without(&gone);
@@ -451,6 +451,13 @@ fn notices(
             slot_name(*slot)
         );
     }
+    if targets.left_out_self {
+        eprintln!(
+            "tracer: this tracer (PID {}) is itself among the processes found: it leaves itself \
+             out",
+            std::process::id()
+        );
+    }
     let target = targets.primary();
     let until = match (&opts.until, opts.duration) {
         (Some(u), _) => u.clone(),
@@ -495,16 +502,18 @@ fn notices(
 
 /// Once a second: the processes that joined the set (forked, or moved into a followed cgroup)
 /// reach the sources that match processes themselves: NVML's per-process figures, and the
-/// CUDA probes, for a member that initialized CUDA from a library not probed yet.
+/// CUDA probes, for a member that initialized CUDA from a library not probed yet. Returns the
+/// cgroup watch's notice, if any.
 fn members_joined(
     probes: &mut SchedProbes,
     targets: &Targets,
     cgroup_watch: &mut Option<cgroups::CgroupWatch>,
     gpu_members: &Members,
-) -> Result<()> {
-    if let Some(w) = cgroup_watch.as_mut() {
-        w.poll(probes)?;
-    }
+) -> Result<Option<String>> {
+    let notice = match cgroup_watch.as_mut() {
+        Some(w) => w.poll(probes)?,
+        None => None,
+    };
     // The kernel's PIDs; this tool's /proc numbers them the same outside a PID namespace.
     let mut pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
     if targets.follow || targets.cgroup.is_some() {
@@ -513,7 +522,7 @@ fn members_joined(
     }
     gpu_members.add(pids.iter().copied());
     probes.poll_cuda(&pids)?;
-    Ok(())
+    Ok(notice)
 }
 
 /// Builds the single-threaded runtime the recording loop runs on: one thread is enough to drain

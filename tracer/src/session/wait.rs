@@ -111,13 +111,16 @@ impl Session<'_> {
     fn on_tick(&mut self) -> Result<()> {
         self.finished.extend(self.probes.reap_dead()?);
         self.ticks += 1;
-        if self.ticks.is_multiple_of(10) {
-            members_joined(
+        if self.ticks.is_multiple_of(10)
+            && let Some(notice) = members_joined(
                 &mut self.probes,
                 &self.targets,
                 &mut self.cgroup_watch,
                 &self.gpu_members,
-            )?;
+            )?
+            && self.opts.notices
+        {
+            self.bar.suspend(|| eprintln!("{notice}"));
         }
         let now = monotonic_ns();
         for (i, (t, _)) in self.throttle.0.iter().enumerate() {

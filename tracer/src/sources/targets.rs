@@ -17,6 +17,13 @@ use crate::{
     },
 };
 
+/// Whether `proc_pid` (as this tool's /proc numbers it) is this tracer: under `-p` of an
+/// ancestor (the shell that started it) or `--cgroup` of its own cgroup, it would otherwise
+/// record its own work as the target's.
+pub fn is_self(proc_pid: u32) -> bool {
+    proc_pid == std::process::id()
+}
+
 /// Each member is pinned by its pidfd as a single target is.
 #[derive(Debug, Clone)]
 pub struct Targets {
@@ -28,6 +35,9 @@ pub struct Targets {
     /// Descendants join: those alive now (listed here) and those forked in the window (by
     /// the kernel side).
     pub follow: bool,
+    /// This tracer was among the descendants or the cgroup's processes, and was left out
+    /// (its own work is not the target's).
+    pub left_out_self: bool,
     /// `--cgroup`: its processes are members, and those that join it during the window.
     pub cgroup: Option<CgroupTarget>,
 }
@@ -40,6 +50,7 @@ impl Targets {
             given: 1,
             follow,
             cgroup: None,
+            left_out_self: false,
         };
         if follow {
             t.add_descendants();
@@ -53,6 +64,13 @@ impl Targets {
         let mut members: Vec<Target> = Vec::new();
         for &pid in pids {
             let t = Target::resolve(pid)?;
+            if is_self(t.proc_pid) {
+                return Err(TracerError::Usage {
+                    message: format!(
+                        "PID {pid} is this tracer itself: give the PID of the process to trace"
+                    ),
+                });
+            }
             if !members.iter().any(|m| m.pid == t.pid) {
                 members.push(t);
             }
@@ -63,6 +81,7 @@ impl Targets {
             given,
             follow,
             cgroup: None,
+            left_out_self: false,
         };
         if follow {
             t.add_descendants();
@@ -82,6 +101,10 @@ impl Targets {
             let Ok(m) = Target::resolve(pid) else {
                 continue;
             };
+            if is_self(m.proc_pid) {
+                t.left_out_self = true;
+                continue;
+            }
             if !t.members.iter().any(|x| x.pid == m.pid) {
                 t.members.push(m);
             }
@@ -111,6 +134,10 @@ impl Targets {
                 let Ok(t) = Target::resolve(child) else {
                     continue;
                 };
+                if is_self(t.proc_pid) {
+                    self.left_out_self = true;
+                    continue;
+                }
                 if !self.members.iter().any(|m| m.pid == t.pid) {
                     self.members.push(t);
                 }

@@ -134,7 +134,16 @@ fn read_frames(
             FrameKind::Records => out.records.extend_from_slice(&f.payload),
             FrameKind::Gpu => out.gpu.extend(decode::<Vec<GpuPoll>>(&f)?),
             FrameKind::Cgroup => out.cgroup.extend(decode::<Vec<CgroupSample>>(&f)?),
-            FrameKind::Final => out.final_recording = Some(decode(&f)?),
+            FrameKind::Final => {
+                let rec: Recording = decode(&f)?;
+                if let Some(why) = impossible(&rec) {
+                    return Err(Damage::Corrupt {
+                        offset: f.offset,
+                        why: format!("the final frame holds an impossible recording: {why}"),
+                    });
+                }
+                out.final_recording = Some(rec);
+            }
             FrameKind::End if !f.payload.is_empty() => {
                 return Err(Damage::Corrupt {
                     offset: f.offset,
@@ -148,6 +157,24 @@ fn read_frames(
         }
     }
     Ok(())
+}
+
+/// What no recording the writer made can hold (a checksum covers the bytes, not whether
+/// they were ever a recording), as a reason, if the recording holds it.
+fn impossible(rec: &Recording) -> Option<String> {
+    if rec.end_ns < rec.start_ns {
+        return Some(format!(
+            "its window ends ({} ns) before it starts ({} ns)",
+            rec.end_ns, rec.start_ns
+        ));
+    }
+    if let Some(t) = rec.target_exited_ns.filter(|&t| t < rec.start_ns) {
+        return Some(format!(
+            "its target exited ({t} ns) before the window started ({} ns)",
+            rec.start_ns
+        ));
+    }
+    None
 }
 
 /// The end frame ends the file: anything after it was appended.
@@ -233,6 +260,34 @@ mod tests {
             assert_eq!(c.cgroup.len(), SEED_SAMPLES);
         }
         assert_eq!(read_bytes(SEED).unwrap().version, 1);
+    }
+
+    /// A recording whose window ends before it starts (checksums fine: the bytes are as
+    /// written, the content was never a recording) is damage, not a report of "0ns".
+    #[test]
+    fn an_impossible_final_recording_is_damage() {
+        let mut rec: Recording =
+            ciborium::from_reader(&seed_payload(FrameKind::Final)[..]).unwrap();
+        rec.end_ns = rec.start_ns - 1_000;
+        let mut fin = Vec::new();
+        ciborium::into_writer(&rec, &mut fin).unwrap();
+        let meta = seed_payload(FrameKind::Meta);
+        let v = file(&[
+            (FrameKind::Meta, &meta[..], false),
+            (FrameKind::Final, &fin[..], true),
+            (FrameKind::End, &[][..], false),
+        ]);
+        let c = read_bytes(&v).unwrap();
+        assert!(c.final_recording.is_none());
+        match &c.damage {
+            Some(Damage::Corrupt { why, .. }) => {
+                assert!(
+                    why.contains("ends") && why.contains("before it starts"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Issue 13 (16): frames after the end frame were merged into the recording.

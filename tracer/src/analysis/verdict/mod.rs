@@ -204,8 +204,9 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
     if s.requests.is_none() {
         add(
             "request_latency",
-            "no requests given (--request-start/--request-end or --latencies): judged on the \
-             impediments over the window, not on latency"
+            "no requests known (none given with --request-start/--request-end or --latencies, \
+             or none of those given fired or could be read): judged on the impediments over \
+             the window, not on latency"
                 .into(),
         );
     }

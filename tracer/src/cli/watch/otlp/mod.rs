@@ -106,7 +106,25 @@ pub fn check_endpoint(endpoint: &str) -> Result<String> {
     if rest.contains(['?', '#']) {
         return Err(usage("a query or fragment cannot prefix /v1/metrics").into());
     }
-    Ok(endpoint.trim_end_matches('/').to_string())
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        // They would be sent in clear over http, and shown in every message naming the URL.
+        return Err(usage("credentials in the URL are not supported").into());
+    }
+    if let Err(e) = endpoint.parse::<ureq::http::Uri>() {
+        return Err(usage(&format!("not a valid URL ({e})")).into());
+    }
+    let base = endpoint.trim_end_matches('/');
+    if let Some(signal) = ["/v1/metrics", "/v1/traces"]
+        .into_iter()
+        .find(|s| base.ends_with(s))
+    {
+        return Err(usage(&format!(
+            "the tool appends /v1/metrics and /v1/traces itself (this one ends in {signal})"
+        ))
+        .into());
+    }
+    Ok(base.to_string())
 }
 
 impl Otlp {
@@ -433,12 +451,19 @@ mod tests {
             check_endpoint("http://127.0.0.1:4318/").expect("valid"),
             "http://127.0.0.1:4318"
         );
+        assert_eq!(
+            check_endpoint("http://[::1]:4318/otlp").expect("valid"),
+            "http://[::1]:4318/otlp"
+        );
         for bad in [
             "https://collector:4318",
             "127.0.0.1:4318",
             "http://",
             "http:///v1",
             "http://h:4318?x=1",
+            "http://[::1",
+            "http://user:pw@collector:4318",
+            "http://127.0.0.1:4318/v1/metrics",
         ] {
             let e = check_endpoint(bad).expect_err(bad).to_string();
             assert!(
