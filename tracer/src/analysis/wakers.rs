@@ -35,6 +35,9 @@ pub enum WakerKind {
     /// The GPU driver's completion path: an interrupt or kernel thread ended a wait in the
     /// driver (ioctl or poll) of a thread that makes synchronizing CUDA calls.
     GpuDriver,
+    /// The end of a sleep the thread asked for (nanosleep, clock_nanosleep): its timer fires
+    /// in an interrupt, charged by the kernel to whatever task it hit, which is not named.
+    Timer,
 }
 
 /// The task that ended a wait.
@@ -53,6 +56,7 @@ impl WakerRef {
         match self.kind {
             WakerKind::Interrupt => "an interrupt (the CPU was idle)".into(),
             WakerKind::GpuDriver => "the GPU driver (its completion interrupt)".into(),
+            WakerKind::Timer => "its own timer (a sleep it asked for)".into(),
             WakerKind::KernelThread => format!("{comm} (kernel thread)"),
             WakerKind::SameProcess => format!("thread {} ({comm})", self.tid),
             _ => format!("{comm} (PID {}, thread {})", self.pid, self.tid),
@@ -131,6 +135,16 @@ impl<'a> Classifier<'a> {
         };
         let own = pid_of(tid).unwrap_or(0);
         let in_driver = matches!(blocked_in, BlockedIn::Ioctl | BlockedIn::Poll);
+        if blocked_in == BlockedIn::Sleep {
+            // A signal could end it too, but rarely does; the task the timer's interrupt hit
+            // had nothing to do with it (it was named as the waker: "a sleep ended by rustc").
+            return WakerRef {
+                tid: 0,
+                pid: 0,
+                comm: String::new(),
+                kind: WakerKind::Timer,
+            };
+        }
         let kind = if (waker_tid == 0 || kthread) && in_driver && self.syncs(tid) {
             WakerKind::GpuDriver
         } else if waker_tid == 0 {
@@ -184,7 +198,7 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
             *e = w;
         }
     }
-    let mut pairs: Vec<HeldUp> = rec
+    let pairs: Vec<HeldUp> = rec
         .wakers
         .iter()
         .filter(|w| w.blocked_ns > 0)
@@ -210,6 +224,7 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
             })
         })
         .collect();
+    let mut pairs = merge_timers(pairs);
     pairs.sort_by(|a, b| {
         b.blocked_ns
             .cmp(&a.blocked_ns)
@@ -227,6 +242,27 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
         *n <= PAIRS_PER_PROCESS
     });
     pairs
+}
+
+/// One pair per thread for its sleeps' timer: the kernel keys them by the task each timer
+/// interrupt happened to hit, which says nothing.
+fn merge_timers(pairs: Vec<HeldUp>) -> Vec<HeldUp> {
+    let mut out: Vec<HeldUp> = Vec::with_capacity(pairs.len());
+    for p in pairs {
+        let same = out.iter_mut().find(|o| {
+            p.by.kind == WakerKind::Timer && o.by.kind == WakerKind::Timer && o.tid == p.tid
+        });
+        match same {
+            Some(o) => {
+                o.blocked_ns += p.blocked_ns;
+                o.wakeups += p.wakeups;
+                o.max_ns = o.max_ns.max(p.max_ns);
+                o.share_of_blocked += p.share_of_blocked;
+            }
+            None => out.push(p),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -270,14 +306,35 @@ mod tests {
         assert_eq!(p[0].by.kind, WakerKind::SameProcess);
         assert_eq!(p[0].blocked_in, BlockedIn::of(Some(202)));
         assert!((p[0].share_of_blocked - 0.75).abs() < 1e-9);
-        // The holder was on a CPU 900 ms of the 1 s window; its own waits ended by an interrupt.
+        // The holder was on a CPU 900 ms of the 1 s window; its own waits were sleeps.
         assert!((p[0].waker_oncpu_share.unwrap() - 0.9).abs() < 1e-9);
         assert_eq!(
             p[0].waker_held_up_by.as_ref().map(|w| w.kind),
-            Some(WakerKind::Interrupt)
+            Some(WakerKind::Timer)
         );
         assert_eq!(p[1].by.kind, WakerKind::Interrupt);
         assert_eq!(p[2].by.kind, WakerKind::OtherProcess);
         assert!(p[2].waker_oncpu_share.is_none());
+    }
+
+    /// A sleep's end is its timer's, whatever task the timer interrupt hit: one pair, the
+    /// tasks not named (before: "a sleep ended by rustc", one pair per task hit).
+    #[test]
+    fn sleeps_are_ended_by_their_timer_not_the_task_it_hit() {
+        let mut rec = recording(vec![thread(10, 100, 1_000, &[])], vec![]);
+        rec.threads[0].pid = 10;
+        rec.threads[0].totals.time.blocked_ns = 1_000;
+        rec.wakers = vec![
+            waker(10, 555, 555, 230, 300),
+            waker(10, 0, 0, 35, 200),
+            waker(10, 11, 10, 202, 100),
+        ];
+        let p = summarize(&rec);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(p[0].by.kind, WakerKind::Timer);
+        assert_eq!((p[0].by.tid, p[0].blocked_ns, p[0].wakeups), (0, 500, 20));
+        assert!((p[0].share_of_blocked - 0.5).abs() < 1e-9);
+        assert_eq!(p[0].by.describe(), "its own timer (a sleep it asked for)");
+        assert_eq!(p[1].by.kind, WakerKind::SameProcess);
     }
 }
