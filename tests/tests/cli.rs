@@ -118,6 +118,10 @@ fn a_kernel_thread_is_refused() {
     let out = run_tracer(&["attach", "--pid", "2", "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("kernel thread"), "{}", out.stderr);
+    // doctor says the same (it used to check it as a process that had not mapped libcuda).
+    let out = run_tracer(&["doctor", "--pid", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("kernel thread"), "{}", out.stderr);
 }
 
 #[test]

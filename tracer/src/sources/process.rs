@@ -17,7 +17,7 @@ use crate::recording::{ProcCounts, ThreadInfo, children::ChildSnapshot};
 use crate::error::TracerError;
 
 /// `PF_KTHREAD` (include/linux/sched.h): the task is a kernel thread.
-const PF_KTHREAD: u32 = 0x0020_0000;
+pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// A process that may be traced.
 #[derive(Debug, Clone)]

@@ -333,8 +333,9 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
                 Some(a) if s.processes.len() > 1 => format!(" in {a}"),
                 _ => String::new(),
             };
+            // A cause found in a few milliseconds stands, but says how little it rests on.
             format!(
-                "{}{place}: {} ({scope}). {}",
+                "{}{place}{little}: {} ({scope}). {}",
                 capitalize(p.name()),
                 c.mechanism,
                 c.mechanism.advice()
@@ -344,7 +345,8 @@ fn headline(s: &Summary, primary: Primary, causes: &[Cause], na: &[NotAssessed])
     }
 }
 
-/// "No impediment" claims an absence: what it rests on, when that is little.
+/// What a verdict rests on, when that is little: above all for "no impediment", which claims
+/// an absence.
 fn little(s: &Summary) -> String {
     let mut little = String::new();
     if s.duration_ns < MIN_WINDOW_NS {

@@ -653,6 +653,23 @@ fn window(on_ms: u64, rq_ms: u64, preemptors: Vec<PreemptorRecord>) -> Recording
     rec
 }
 
+/// A cause found in a window of milliseconds stands, and says how little it rests on
+/// (`tracer run -- sh -c 'exit 3'`: "migrations" from one move in 4.4 ms, said as if sure).
+#[test]
+fn a_cause_from_a_short_window_says_so() {
+    let mut rec = window(6, 3, vec![hog(3 * MS)]);
+    rec.end_ns = 10 * MS;
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    assert!(
+        v.headline.starts_with("Scheduling in only 10.0ms: "),
+        "{}",
+        v.headline
+    );
+    let whole = verdict(&window(600, 300, vec![hog(300 * MS)]));
+    assert!(!whole.headline.contains("in only"), "{}", whole.headline);
+}
+
 #[test]
 fn without_requests_the_impediments_decide() {
     let v = verdict(&window(600, 300, vec![hog(300 * MS)]));

@@ -35,7 +35,7 @@ pub struct WatchArgs {
     pub count: Option<u64>,
     /// Serve the series at http://ADDR/metrics for Prometheus (docs/METRICS.md), e.g.
     /// 127.0.0.1:9464; `POST /trigger` there triggers the flight recorder.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
     pub prometheus: Option<SocketAddr>,
     /// Send the same series, and a span for each window whose verdict is not `none`, to an
     /// OpenTelemetry collector as OTLP/HTTP protobuf (ENDPOINT/v1/metrics, /v1/traces), e.g.
@@ -85,6 +85,20 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err("must be at least 1s (a window needs time to say anything)".into());
     }
     Ok(d)
+}
+
+/// `IP:PORT`, or `HOST:PORT` resolved now (`localhost:9464`): the first address it names.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let why = "give IP:PORT or HOST:PORT, e.g. 127.0.0.1:9464 (0.0.0.0:9464 for every interface)";
+    match std::net::ToSocketAddrs::to_socket_addrs(s) {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("{s} names no address: {why}")),
+        Err(e) => Err(format!("{e}: {why}")),
+    }
 }
 
 pub fn run(args: WatchArgs) -> Result<()> {
