@@ -127,14 +127,6 @@ impl<'a> Classifier<'a> {
         kthread: bool,
         blocked_in: BlockedIn,
     ) -> WakerRef {
-        let pid_of = |t: u32| self.threads.get(&t).map(|t| t.pid);
-        let pid = if tgid != 0 {
-            tgid
-        } else {
-            pid_of(waker_tid).unwrap_or(0)
-        };
-        let own = pid_of(tid).unwrap_or(0);
-        let in_driver = matches!(blocked_in, BlockedIn::Ioctl | BlockedIn::Poll);
         if blocked_in == BlockedIn::Sleep {
             // A signal could end it too, but rarely does; the task the timer's interrupt hit
             // had nothing to do with it (it was named as the waker: "a sleep ended by rustc").
@@ -145,6 +137,14 @@ impl<'a> Classifier<'a> {
                 kind: WakerKind::Timer,
             };
         }
+        let pid_of = |t: u32| self.threads.get(&t).map(|t| t.pid);
+        let pid = if tgid != 0 {
+            tgid
+        } else {
+            pid_of(waker_tid).unwrap_or(0)
+        };
+        let own = pid_of(tid).unwrap_or(0);
+        let in_driver = matches!(blocked_in, BlockedIn::Ioctl | BlockedIn::Poll);
         let kind = if (waker_tid == 0 || kthread) && in_driver && self.syncs(tid) {
             WakerKind::GpuDriver
         } else if waker_tid == 0 {
@@ -248,18 +248,25 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
 /// interrupt happened to hit, which says nothing.
 fn merge_timers(pairs: Vec<HeldUp>) -> Vec<HeldUp> {
     let mut out: Vec<HeldUp> = Vec::with_capacity(pairs.len());
+    // Each thread's timer pair in `out`: thousands of pairs are merged in one pass.
+    let mut timer_of: HashMap<u32, usize> = HashMap::new();
     for p in pairs {
-        let same = out.iter_mut().find(|o| {
-            p.by.kind == WakerKind::Timer && o.by.kind == WakerKind::Timer && o.tid == p.tid
-        });
-        match same {
-            Some(o) => {
+        if p.by.kind != WakerKind::Timer {
+            out.push(p);
+            continue;
+        }
+        match timer_of.get(&p.tid) {
+            Some(&i) => {
+                let o = &mut out[i];
                 o.blocked_ns += p.blocked_ns;
                 o.wakeups += p.wakeups;
                 o.max_ns = o.max_ns.max(p.max_ns);
                 o.share_of_blocked += p.share_of_blocked;
             }
-            None => out.push(p),
+            None => {
+                timer_of.insert(p.tid, out.len());
+                out.push(p);
+            }
         }
     }
     out

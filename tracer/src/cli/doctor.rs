@@ -327,17 +327,8 @@ fn check_pid(pid: u32) -> Result<()> {
         return Err(crate::error::TracerError::NoSuchProcess { pid }.into());
     }
     // A kernel thread (PID 2, kworkers) is no process to attach to, as `attach` says.
-    if let Ok(stat) = procfs::process::Process::new(pid as i32).and_then(|p| p.stat())
-        && stat.flags & crate::sources::process::PF_KTHREAD != 0
-    {
-        return Err(crate::error::TracerError::BadTarget {
-            pid,
-            why: format!(
-                "it is the kernel thread [{}]; tracer attaches to user processes",
-                crate::recording::printable(&stat.comm)
-            ),
-        }
-        .into());
+    if let Ok(stat) = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
+        crate::sources::process::refuse_kernel_thread(pid, &stat)?;
     }
     if let Err(e) = std::fs::File::open(format!("/proc/{pid}/maps")) {
         anyhow::bail!(

@@ -17,7 +17,22 @@ use crate::recording::{ProcCounts, ThreadInfo, children::ChildSnapshot};
 use crate::error::TracerError;
 
 /// `PF_KTHREAD` (include/linux/sched.h): the task is a kernel thread.
-pub const PF_KTHREAD: u32 = 0x0020_0000;
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// A kernel thread (kthreadd, kworkers) is no process to trace: `pid`'s `stat` says whether
+/// it is one.
+pub fn refuse_kernel_thread(pid: u32, stat: &procfs::process::Stat) -> Result<(), TracerError> {
+    if stat.flags & PF_KTHREAD == 0 {
+        return Ok(());
+    }
+    Err(TracerError::BadTarget {
+        pid,
+        why: format!(
+            "it is the kernel thread [{}]; tracer attaches to user processes",
+            crate::recording::printable(&stat.comm)
+        ),
+    })
+}
 
 /// A process that may be traced.
 #[derive(Debug, Clone)]
@@ -161,15 +176,7 @@ impl Target {
         };
         let proc = Process::new(tgid as i32).map_err(|_| missing(tgid))?;
         let stat = proc.stat().map_err(|_| missing(tgid))?;
-        if stat.flags & PF_KTHREAD != 0 {
-            return Err(TracerError::BadTarget {
-                pid,
-                why: format!(
-                    "it is the kernel thread [{}]; tracer attaches to user processes",
-                    crate::recording::printable(&stat.comm)
-                ),
-            });
-        }
+        refuse_kernel_thread(pid, &stat)?;
         let exited = stat.state == 'Z' || stat.state == 'X';
         // A main thread that exited stays a zombie until the last thread does: the process
         // still runs.

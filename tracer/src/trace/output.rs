@@ -143,16 +143,22 @@ pub fn check_replaceable(path: &Path, kind: Kind) -> Result<()> {
     Ok(())
 }
 
+/// Opens an existing path the tool may replace, to look inside: never through a symbolic
+/// link, and without blocking should it be a FIFO.
+pub(super) fn open_to_look(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// Why an existing regular file may not be replaced by output `kind`, if it may not.
 fn foreign(path: &Path, kind: Kind) -> Option<String> {
     if kind == Kind::Any {
         return None;
     }
     let mut head = Vec::with_capacity(1024);
-    let read = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
+    let read = open_to_look(path)
         .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1024), &mut head));
     match read {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

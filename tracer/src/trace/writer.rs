@@ -246,12 +246,7 @@ fn leftover(tmp: &Path) -> Result<()> {
             super::output::describe(meta.file_type())
         );
     }
-    let open = || {
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(tmp)
-    };
+    let open = || super::output::open_to_look(tmp);
     let busy = open().is_ok_and(|f| {
         // SAFETY: flock on a descriptor we own; it is released when `f` is dropped.
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
