@@ -4,8 +4,9 @@
 //! the other thread ran, the wait stays `blocked` (the work handed over, its waker named);
 //! while it waited for a CPU, was in a collection, waited for a lock or for the GPU, the
 //! serving thread's wait is put to that part, so a front end's tail caused by a slow engine
-//! step reaches the engine step's cause. One hop: the other thread's own waits are not
-//! followed further.
+//! step reaches the engine step's cause. A lock wait ended by its holder is followed the same
+//! way: what the holder went through while the waiter waited. One hop: the other thread's own
+//! waits are not followed further.
 
 use super::{Breakdown, Stalls, ThreadView, piece};
 use crate::{
@@ -13,16 +14,15 @@ use crate::{
     recording::timeline::Interval,
 };
 
-/// The blocked piece `[s, e)` of `tid`, ended by `waker`, as the waker's parts over the same
-/// stretch, scaled to `blocked` ns; None when the waker is not a traced thread of the service
-/// (an interrupt, a kernel thread, another process) or its timeline has nothing there.
-pub(super) fn through_waker<'a>(
+/// What `waker` went through over `[s, e)`, the blocked piece of `tid` it ended, part by
+/// part, with the parts' total; None when the waker is not a traced thread of the service (an
+/// interrupt, a kernel thread, another process) or its timeline has nothing there.
+fn waker_parts<'a>(
     waker: Option<&crate::analysis::wakers::WakerRef>,
     (tid, s, e): (u32, u64, u64),
-    blocked: f64,
     views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
     ctx: (&Stalls, &Held),
-) -> Option<Breakdown> {
+) -> Option<(Breakdown, f64)> {
     let w = waker
         .filter(|w| matches!(w.kind, WakerKind::SameProcess | WakerKind::Member) && w.tid != tid)?;
     let v = views(w.tid)?;
@@ -43,15 +43,48 @@ pub(super) fn through_waker<'a>(
         sum.add_scaled(&q, rest);
     }
     let total: f64 = sum.values().iter().sum();
-    if total <= 0.0 {
-        return None;
-    }
+    (total > 0.0).then_some((sum, total))
+}
+
+/// The blocked piece `[s, e)` of `tid`, ended by `waker`, as the waker's parts over the same
+/// stretch, scaled to `blocked` ns; None when the waker is no traced thread of the service.
+pub(super) fn through_waker<'a>(
+    waker: Option<&crate::analysis::wakers::WakerRef>,
+    span: (u32, u64, u64),
+    blocked: f64,
+    views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
+    ctx: (&Stalls, &Held),
+) -> Option<Breakdown> {
+    let (mut sum, total) = waker_parts(waker, span, views, ctx)?;
     // Its running is the work handed over: the serving thread was blocked on it.
     sum.blocked_ns += sum.oncpu_ns + sum.queued_oncpu_ns;
     sum.oncpu_ns = 0.0;
     sum.queued_oncpu_ns = 0.0;
     let mut out = Breakdown::default();
     out.add_scaled(&sum, blocked / total);
+    Some(out)
+}
+
+/// A lock wait `[s, e)` of `tid` that its holder `waker` ended (a sibling's futex wakeup), as
+/// the holder's parts over the same stretch, scaled to `lock` ns. While the holder ran or was
+/// off the CPU itself, the wait stays a lock wait: it held the lock, or was making what the
+/// waiter waited for (a condition variable's producer). While it waited for a CPU, was in a
+/// collection or waited for the GPU, the wait is put to that part: a holder held off its CPU
+/// by a neighbour is the neighbour's doing, not the lock's.
+pub(super) fn through_holder<'a>(
+    waker: Option<&crate::analysis::wakers::WakerRef>,
+    span: (u32, u64, u64),
+    lock: f64,
+    views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
+    ctx: (&Stalls, &Held),
+) -> Option<Breakdown> {
+    let (mut sum, total) = waker_parts(waker, span, views, ctx)?;
+    sum.lock_wait_ns += sum.oncpu_ns + sum.queued_oncpu_ns + sum.blocked_ns;
+    sum.oncpu_ns = 0.0;
+    sum.queued_oncpu_ns = 0.0;
+    sum.blocked_ns = 0.0;
+    let mut out = Breakdown::default();
+    out.add_scaled(&sum, lock / total);
     Some(out)
 }
 
@@ -132,6 +165,54 @@ mod tests {
                 (&stalls, &held)
             )
             .is_none()
+        );
+    }
+
+    #[test]
+    fn a_lock_wait_for_a_preempted_holder_is_its_run_queue_wait() {
+        // Thread 10 waits 10 ms in a futex until thread 11 hands it over; meanwhile 11 waited
+        // 5 ms for a CPU, ran 3 ms and was blocked 2 ms. The 10 ms: 5 run-queue contention, 5
+        // a lock wait (the holder's running and its own blocked time).
+        let w = [
+            interval(0, 5 * MS, State::Runnable),
+            interval(5 * MS, 8 * MS, State::Running),
+            interval(8 * MS, 10 * MS, State::Blocked),
+        ];
+        let rec = recording(vec![], vec![]);
+        let held = Held::build(&rec, &BTreeMap::new());
+        let stalls = Stalls::build(&BTreeMap::new());
+        let view = |tid: u32| {
+            (tid == 11).then_some(ThreadView {
+                intervals: &w,
+                syncs: &[],
+                migrations: &[],
+                slices: &[],
+            })
+        };
+        let holder = WakerRef {
+            tid: 11,
+            pid: 10,
+            comm: "producer".into(),
+            kind: WakerKind::SameProcess,
+        };
+        let h = through_holder(
+            Some(&holder),
+            (10, 0, 10 * MS),
+            10e6,
+            &view,
+            (&stalls, &held),
+        )
+        .expect("a sibling's wait");
+        assert_eq!(h.runq_contention_ns, 5e6);
+        assert_eq!(h.lock_wait_ns, 5e6);
+        assert_eq!(h.blocked_ns + h.oncpu_ns + h.queued_oncpu_ns, 0.0);
+        // A timeout (an interrupt ended the wait) has no holder to follow.
+        let irq = WakerRef {
+            kind: WakerKind::Interrupt,
+            ..holder
+        };
+        assert!(
+            through_holder(Some(&irq), (10, 0, 10 * MS), 10e6, &view, (&stalls, &held)).is_none()
         );
     }
 }

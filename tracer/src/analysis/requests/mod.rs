@@ -225,6 +225,20 @@ fn decompose<'a>(
         }
         let (mut q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
         let waker = held.woken_by(r.tid, i);
+        if q.lock_wait_ns > 0.0
+            && let Some(h) = handoff::through_holder(
+                waker.as_ref(),
+                (r.tid, is, ie),
+                q.lock_wait_ns,
+                other,
+                (stalls, held),
+            )
+        {
+            // The lock wait becomes what its holder went through meanwhile (a timed wait's
+            // timeout has no holder to follow: it stays).
+            q.lock_wait_ns = 0.0;
+            q.add_scaled(&h, 1.0);
+        }
         if q.blocked_ns > 0.0
             && let Some(h) = handoff::through_waker(
                 waker.as_ref(),
