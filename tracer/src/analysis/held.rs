@@ -65,10 +65,18 @@ impl Runs {
     }
 }
 
+/// CPython's GIL waiters wait one switch interval at a time (5 ms unless
+/// `sys.setswitchinterval` changed it), then ask the holder to drop it: a single futex wait a
+/// sibling ended after more than twice that was not for the GIL but for a lock of the
+/// program's own (a `threading.Lock`, a queue, a condition).
+pub const GIL_WAIT_MAX_NS: u64 = 10_000_000;
+
 /// What a lock wait's piece is put down to.
 pub struct LockWait {
     /// The threads that held it, with how much of the piece each accounts for (ns).
     pub holders: Vec<(u32, f64)>,
+    /// A single wait, ended by its holder, longer than `GIL_WAIT_MAX_NS`.
+    pub long: bool,
 }
 
 /// Per process of the set, its threads' on-CPU stretches and its runtime pauses; and who the
@@ -143,6 +151,7 @@ impl<'a> Held<'a> {
         if w.by != 0 && w.by != tid && self.process_of.get(&w.by) == Some(&pid) {
             return Some(LockWait {
                 holders: vec![(w.by, len)],
+                long: i.end_ns - i.start_ns > GIL_WAIT_MAX_NS,
             });
         }
         let ran = self.runs.get(&pid)?.during(i.start_ns, i.end_ns, tid);
@@ -156,6 +165,7 @@ impl<'a> Held<'a> {
                 .into_iter()
                 .map(|(t, ns)| (t, len * ns as f64 / total as f64))
                 .collect(),
+            long: false,
         })
     }
 }

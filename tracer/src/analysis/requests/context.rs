@@ -122,7 +122,7 @@ impl RequestDetail {
         self.llc_misses = self.llc_misses.zip(pre.llc_misses).map(|(a, b)| a + b);
         self.instructions = self.instructions.zip(pre.instructions).map(|(a, b)| a + b);
         for h in &pre.lock_holders {
-            add_holder(&mut self.lock_holders, h.tid, h.ns);
+            add_holder(&mut self.lock_holders, *h);
         }
         rank_holders(&mut self.lock_holders);
         for b in &pre.blocked_by {

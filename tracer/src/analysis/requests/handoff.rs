@@ -8,26 +8,51 @@
 //! way: what the holder went through while the waiter waited. One hop: the other thread's own
 //! waits are not followed further.
 
-use super::{Breakdown, Stalls, ThreadView, piece};
+use super::{Breakdown, HolderTime, Stalls, ThreadView, add_holder, piece};
 use crate::{
-    analysis::{held::Held, wakers::WakerKind},
+    analysis::{
+        held::{Held, LockWait},
+        wakers::{WakerKind, WakerRef},
+    },
     recording::timeline::Interval,
 };
 
+/// What a hop found: the waiting thread's piece as the other thread's parts, and who held
+/// the locks of its `lock_wait_ns` (ns each, adding up to it).
+pub(super) struct Hop {
+    pub parts: Breakdown,
+    pub holders: Vec<HolderTime>,
+}
+
+impl Hop {
+    fn scaled(mut self, f: f64) -> Self {
+        let mut parts = Breakdown::default();
+        parts.add_scaled(&self.parts, f);
+        self.holders.iter_mut().for_each(|h| *h = h.scaled(f));
+        Self {
+            parts,
+            holders: self.holders,
+        }
+    }
+}
+
 /// What `waker` went through over `[s, e)`, the blocked piece of `tid` it ended, part by
-/// part, with the parts' total; None when the waker is not a traced thread of the service (an
-/// interrupt, a kernel thread, another process) or its timeline has nothing there.
+/// part (with the holders of its own lock waits), and the parts' total; None when the waker is
+/// not a traced thread of the service (an interrupt, a kernel thread, another process) or its
+/// timeline has nothing there.
 fn waker_parts<'a>(
-    waker: Option<&crate::analysis::wakers::WakerRef>,
+    w: &WakerRef,
     (tid, s, e): (u32, u64, u64),
     views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
     ctx: (&Stalls, &Held),
-) -> Option<(Breakdown, f64)> {
-    let w = waker
-        .filter(|w| matches!(w.kind, WakerKind::SameProcess | WakerKind::Member) && w.tid != tid)?;
+) -> Option<(Hop, f64)> {
+    if !matches!(w.kind, WakerKind::SameProcess | WakerKind::Member) || w.tid == tid {
+        return None;
+    }
     let v = views(w.tid)?;
     let (stalls, held) = ctx;
     let mut sum = Breakdown::default();
+    let mut holders = Vec::new();
     let from = v.intervals.partition_point(|i: &Interval| i.end_ns <= s);
     for i in v.intervals[from..].iter().take_while(|i| i.start_ns < e) {
         let (is, ie) = (i.start_ns.max(s), i.end_ns.min(e));
@@ -39,53 +64,110 @@ fn waker_parts<'a>(
         sum.runtime_pause_ns += paused;
         let rest = (whole - paused) / whole;
         // No queue on the other thread: its requests, if any, are not this one's.
-        let (q, _) = piece(i, (is, ie), (is, is), &v, stalls, held, w.tid);
+        let (q, lock) = piece(i, (is, ie), (is, is), &v, stalls, held, w.tid);
+        // The other thread's own lock wait keeps its holders: a front end waiting for an
+        // engine thread that waited for a lock was held up by that lock's holder.
+        if let Some(l) = lock {
+            for (t, ns) in l.holders {
+                add_holder(
+                    &mut holders,
+                    HolderTime::of(t, ns * q.lock_wait_ns / whole * rest, l.long),
+                );
+            }
+        }
         sum.add_scaled(&q, rest);
     }
     let total: f64 = sum.values().iter().sum();
-    (total > 0.0).then_some((sum, total))
+    (total > 0.0).then_some((
+        Hop {
+            parts: sum,
+            holders,
+        },
+        total,
+    ))
 }
 
 /// The blocked piece `[s, e)` of `tid`, ended by `waker`, as the waker's parts over the same
 /// stretch, scaled to `blocked` ns; None when the waker is no traced thread of the service.
 pub(super) fn through_waker<'a>(
-    waker: Option<&crate::analysis::wakers::WakerRef>,
+    waker: Option<&WakerRef>,
     span: (u32, u64, u64),
     blocked: f64,
     views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
     ctx: (&Stalls, &Held),
-) -> Option<Breakdown> {
-    let (mut sum, total) = waker_parts(waker, span, views, ctx)?;
+) -> Option<Hop> {
+    let (mut hop, total) = waker_parts(waker?, span, views, ctx)?;
     // Its running is the work handed over: the serving thread was blocked on it.
-    sum.blocked_ns += sum.oncpu_ns + sum.queued_oncpu_ns;
-    sum.oncpu_ns = 0.0;
-    sum.queued_oncpu_ns = 0.0;
-    let mut out = Breakdown::default();
-    out.add_scaled(&sum, blocked / total);
-    Some(out)
+    let p = &mut hop.parts;
+    p.blocked_ns += p.oncpu_ns + p.queued_oncpu_ns;
+    p.oncpu_ns = 0.0;
+    p.queued_oncpu_ns = 0.0;
+    Some(hop.scaled(blocked / total))
 }
 
 /// A lock wait `[s, e)` of `tid` that its holder `waker` ended (a sibling's futex wakeup), as
 /// the holder's parts over the same stretch, scaled to `lock` ns. While the holder ran or was
-/// off the CPU itself, the wait stays a lock wait: it held the lock, or was making what the
-/// waiter waited for (a condition variable's producer). While it waited for a CPU, was in a
-/// collection or waited for the GPU, the wait is put to that part: a holder held off its CPU
-/// by a neighbour is the neighbour's doing, not the lock's.
+/// off the CPU itself, the wait stays a lock wait held by it: it held the lock, or was making
+/// what the waiter waited for (a condition variable's producer); while it waited for a lock
+/// itself, that lock's holders take their part. While it waited for a CPU, was in a collection
+/// or waited for the GPU, the wait is put to that part: a holder held off its CPU by a
+/// neighbour is the neighbour's doing, not the lock's.
 pub(super) fn through_holder<'a>(
-    waker: Option<&crate::analysis::wakers::WakerRef>,
+    waker: Option<&WakerRef>,
     span: (u32, u64, u64),
-    lock: f64,
+    (lock, long): (f64, bool),
     views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
     ctx: (&Stalls, &Held),
-) -> Option<Breakdown> {
-    let (mut sum, total) = waker_parts(waker, span, views, ctx)?;
-    sum.lock_wait_ns += sum.oncpu_ns + sum.queued_oncpu_ns + sum.blocked_ns;
-    sum.oncpu_ns = 0.0;
-    sum.queued_oncpu_ns = 0.0;
-    sum.blocked_ns = 0.0;
-    let mut out = Breakdown::default();
-    out.add_scaled(&sum, lock / total);
-    Some(out)
+) -> Option<Hop> {
+    let w = waker?;
+    let (mut hop, total) = waker_parts(w, span, views, ctx)?;
+    let p = &mut hop.parts;
+    let own = p.oncpu_ns + p.queued_oncpu_ns + p.blocked_ns;
+    p.lock_wait_ns += own;
+    p.oncpu_ns = 0.0;
+    p.queued_oncpu_ns = 0.0;
+    p.blocked_ns = 0.0;
+    add_holder(&mut hop.holders, HolderTime::of(w.tid, own, long));
+    Some(hop.scaled(lock / total))
+}
+
+/// The piece `[s, e)` of `tid`'s blocked interval, split into `q` by `piece`, followed to the
+/// thread that ended it: a lock wait to its holder, other blocked time to its waker. Returns
+/// who held the piece's lock waits, ns each (adding up to `q.lock_wait_ns`).
+pub(super) fn follow<'a>(
+    q: &mut Breakdown,
+    lock: Option<LockWait>,
+    waker: Option<&WakerRef>,
+    span: (u32, u64, u64),
+    views: &dyn Fn(u32) -> Option<ThreadView<'a>>,
+    ctx: (&Stalls, &Held),
+) -> Vec<HolderTime> {
+    if let Some(lock) = lock {
+        // A timed wait's timeout has no holder to follow: it stays, held by the threads that
+        // ran, by their time.
+        if let Some(h) = through_holder(waker, span, (q.lock_wait_ns, lock.long), views, ctx) {
+            q.lock_wait_ns = 0.0;
+            q.add_scaled(&h.parts, 1.0);
+            return h.holders;
+        }
+        let whole = span.2.saturating_sub(span.1).max(1) as f64;
+        let mut holders = Vec::new();
+        for (tid, ns) in lock.holders {
+            add_holder(
+                &mut holders,
+                HolderTime::of(tid, ns * q.lock_wait_ns / whole, lock.long),
+            );
+        }
+        return holders;
+    }
+    if q.blocked_ns > 0.0
+        && let Some(h) = through_waker(waker, span, q.blocked_ns, views, ctx)
+    {
+        q.blocked_ns = 0.0;
+        q.add_scaled(&h.parts, 1.0);
+        return h.holders;
+    }
+    Vec::new()
 }
 
 #[cfg(test)]
@@ -93,10 +175,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{
-        analysis::wakers::WakerRef,
-        recording::{testutil::recording, timeline::State, waits::WaitKind},
-    };
+    use crate::recording::{testutil::recording, timeline::State, waits::WaitKind};
 
     const MS: u64 = 1_000_000;
 
@@ -144,7 +223,8 @@ mod tests {
             &view,
             (&stalls, &held),
         )
-        .expect("a sibling's wait");
+        .expect("a sibling's wait")
+        .parts;
         assert_eq!(h.runq_contention_ns, 6e6);
         assert_eq!(h.blocked_ns, 4e6);
         assert_eq!(h.oncpu_ns, 0.0);
@@ -198,11 +278,13 @@ mod tests {
         let h = through_holder(
             Some(&holder),
             (10, 0, 10 * MS),
-            10e6,
+            (10e6, true),
             &view,
             (&stalls, &held),
         )
         .expect("a sibling's wait");
+        assert_eq!(h.holders, vec![HolderTime::of(11, 5e6, true)]);
+        let h = h.parts;
         assert_eq!(h.runq_contention_ns, 5e6);
         assert_eq!(h.lock_wait_ns, 5e6);
         assert_eq!(h.blocked_ns + h.oncpu_ns + h.queued_oncpu_ns, 0.0);
@@ -212,7 +294,64 @@ mod tests {
             ..holder
         };
         assert!(
-            through_holder(Some(&irq), (10, 0, 10 * MS), 10e6, &view, (&stalls, &held)).is_none()
+            through_holder(
+                Some(&irq),
+                (10, 0, 10 * MS),
+                (10e6, false),
+                &view,
+                (&stalls, &held)
+            )
+            .is_none()
         );
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_wait_for_a_sibling_in_a_lock_wait_names_that_lock_s_holder() {
+        use crate::recording::{testutil::thread, timeline::Woken};
+        // Thread 10 waits 10 ms for thread 11 (a read); 11 spent 8 ms of it in a futex that
+        // thread 12 ended, then ran 2 ms. The 10 ms: 8 a lock wait held by 12, 2 blocked.
+        let mut lock = interval(0, 8 * MS, State::Blocked);
+        lock.woken = Some(Woken {
+            by: 12,
+            syscall: Some(202),
+            flags: 0,
+        });
+        let w = [lock, interval(8 * MS, 10 * MS, State::Running)];
+        let rec = recording(
+            vec![
+                thread(10, 0, 0, &[]),
+                thread(11, 0, 0, &[]),
+                thread(12, 0, 0, &[]),
+            ],
+            vec![],
+        );
+        let held = Held::build(&rec, &BTreeMap::new());
+        let stalls = Stalls::build(&BTreeMap::new());
+        let view = |tid: u32| {
+            (tid == 11).then_some(ThreadView {
+                intervals: &w,
+                syncs: &[],
+                migrations: &[],
+                slices: &[],
+            })
+        };
+        let engine = WakerRef {
+            tid: 11,
+            pid: 100,
+            comm: "engine".into(),
+            kind: WakerKind::SameProcess,
+        };
+        let h = through_waker(
+            Some(&engine),
+            (10, 0, 10 * MS),
+            10e6,
+            &view,
+            (&stalls, &held),
+        )
+        .expect("a sibling's wait");
+        assert_eq!(h.parts.lock_wait_ns, 8e6);
+        assert_eq!(h.parts.blocked_ns, 2e6);
+        assert_eq!(h.holders, vec![HolderTime::of(12, 8e6, false)]);
     }
 }

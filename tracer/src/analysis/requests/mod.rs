@@ -203,6 +203,7 @@ fn decompose<'a>(
     llc: bool,
 ) -> (RequestDetail, queue::QueuedSpans) {
     let (stalls, held, other) = ctx;
+    let ctx2 = (stalls, held);
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
     let mut queued_spans = Vec::new();
@@ -225,44 +226,16 @@ fn decompose<'a>(
         }
         let (mut q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
         let waker = held.woken_by(r.tid, i);
-        if q.lock_wait_ns > 0.0
-            && let Some(h) = handoff::through_holder(
-                waker.as_ref(),
-                (r.tid, is, ie),
-                q.lock_wait_ns,
-                other,
-                (stalls, held),
-            )
-        {
-            // The lock wait becomes what its holder went through meanwhile (a timed wait's
-            // timeout has no holder to follow: it stays).
-            q.lock_wait_ns = 0.0;
-            q.add_scaled(&h, 1.0);
-        }
-        if q.blocked_ns > 0.0
-            && let Some(h) = handoff::through_waker(
-                waker.as_ref(),
-                (r.tid, is, ie),
-                q.blocked_ns,
-                other,
-                (stalls, held),
-            )
-        {
-            // The blocked time becomes what the waker went through meanwhile.
-            q.blocked_ns = 0.0;
-            q.add_scaled(&h, 1.0);
-        }
+        let piece_holders =
+            handoff::follow(&mut q, lock, waker.as_ref(), (r.tid, is, ie), other, ctx2);
         // Where the queued time lies, for the chase (queue.rs): the same amount, spread over
         // the stretch of the piece before `busy_until`.
         let (qa, qb) = (is, ie.min(busy_until));
         if q.queued_oncpu_ns > 0.0 && qb > qa {
             queued_spans.push((qa, qb, q.queued_oncpu_ns * rest / (qb - qa) as f64));
         }
-        if let Some(lock) = lock {
-            let f = q.lock_wait_ns / whole * rest;
-            for (tid, ns) in lock.holders {
-                add_holder(&mut holders, tid, ns * f);
-            }
+        for h in piece_holders {
+            add_holder(&mut holders, h.scaled(rest));
         }
         let off = (q.lock_wait_ns + q.blocked_ns) * rest;
         if off > 0.0 {
@@ -365,7 +338,7 @@ fn group(items: &[&RequestDetail], normal_oncpu_ns: f64) -> Group {
     let mut holders: Vec<HolderTime> = Vec::new();
     for d in items {
         for h in &d.lock_holders {
-            add_holder(&mut holders, h.tid, h.ns / n);
+            add_holder(&mut holders, h.scaled(1.0 / n));
         }
     }
     rank_holders(&mut holders);

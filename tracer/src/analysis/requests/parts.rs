@@ -112,13 +112,38 @@ const PARTS: usize = 10;
 pub struct HolderTime {
     pub tid: u32,
     pub ns: f64,
+    /// The part of `ns` in single futex waits longer than CPython's GIL waiters ever wait
+    /// (`held::GIL_WAIT_MAX_NS`): a lock of the program's own, not the GIL.
+    pub long_ns: f64,
 }
 
-/// Adds `ns` to `tid`'s entry.
-pub(super) fn add_holder(v: &mut Vec<HolderTime>, tid: u32, ns: f64) {
-    match v.iter_mut().find(|h| h.tid == tid) {
-        Some(h) => h.ns += ns,
-        None => v.push(HolderTime { tid, ns }),
+impl HolderTime {
+    /// `ns` held by `tid`, in waits longer than a GIL wait or not.
+    pub fn of(tid: u32, ns: f64, long: bool) -> Self {
+        Self {
+            tid,
+            ns,
+            long_ns: if long { ns } else { 0.0 },
+        }
+    }
+
+    pub fn scaled(self, f: f64) -> Self {
+        Self {
+            ns: self.ns * f,
+            long_ns: self.long_ns * f,
+            ..self
+        }
+    }
+}
+
+/// Adds `h` to its thread's entry.
+pub(super) fn add_holder(v: &mut Vec<HolderTime>, h: HolderTime) {
+    match v.iter_mut().find(|x| x.tid == h.tid) {
+        Some(x) => {
+            x.ns += h.ns;
+            x.long_ns += h.long_ns;
+        }
+        None => v.push(h),
     }
 }
 

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::{
     analysis::{
+        held::GIL_WAIT_MAX_NS,
         requests::{HolderTime, RequestAnalysis},
         summary::Summary,
         wakers::WakerKind,
@@ -65,14 +66,34 @@ fn oncpu_share(s: &Summary, tid: u32) -> Option<f64> {
     Some(t.totals.time.oncpu_ns as f64 / s.duration_ns.max(1) as f64)
 }
 
-fn lock_cause(s: &Summary, hs: Vec<Holder>, share: f64, evidence: String) -> Cause {
-    let gil = hs.first().is_some_and(|h| is_python(s, h.pid));
-    let how = match (gil, s.process(hs.first().map_or(0, |h| h.pid))) {
-        (true, Some(p)) => format!(
-            "; the process runs CPython {} ({}), and a futex its threads hand over is the GIL",
-            p.python.as_ref().map_or("", |p| p.version.as_str()),
-            p.python.as_ref().map_or("", |p| p.how.as_str())
-        ),
+/// The lock cause for the holders' `times`. In a CPython process a futex its threads hand
+/// over is the GIL, unless most of the waiting was in single waits longer than a GIL waiter
+/// ever waits (`GIL_WAIT_MAX_NS`): then a lock of the program's own.
+fn lock_cause(s: &Summary, times: &[HolderTime], share: f64, evidence: String) -> Cause {
+    let hs = holders(s, times);
+    let total: f64 = times.iter().map(|h| h.ns).sum::<f64>().max(1e-9);
+    let long = times.iter().map(|h| h.long_ns).sum::<f64>() / total;
+    let python = hs.first().is_some_and(|h| is_python(s, h.pid));
+    let gil = python && long < 0.5;
+    let how = match (python, s.process(hs.first().map_or(0, |h| h.pid))) {
+        (true, Some(p)) => {
+            let py = p.python.as_ref();
+            let (version, how) = (
+                py.map_or("", |p| p.version.as_str()),
+                py.map_or("", |p| p.how.as_str()),
+            );
+            if gil {
+                format!(
+                    "; the process runs CPython {version} ({how}), and a futex its threads hand over is the GIL"
+                )
+            } else {
+                format!(
+                    "; the process runs CPython {version} ({how}), but {} of the waiting was in single waits of more than {}, longer than a GIL waiter waits (one switch interval, then it asks the holder to drop it): a lock of the program's own (a threading.Lock, a queue, a condition), not the GIL",
+                    pct(long, ""),
+                    ms(GIL_WAIT_MAX_NS as f64)
+                )
+            }
+        }
         _ => String::new(),
     };
     let held: Vec<String> = hs
@@ -106,10 +127,10 @@ pub fn tail_causes(
     let (t, m) = (&r.tail.mean, &r.median.mean);
     let mut out = vec![lock_cause(
         s,
-        holders(s, &r.tail.lock_holders),
+        &r.tail.lock_holders,
         share(ex.lock_wait_ns),
         format!(
-            "blocked in a futex another thread of the process held: {} in tail requests vs {} in median ones",
+            "blocked in a futex another thread held, or waiting for a thread of the service that was: {} in tail requests vs {} in median ones",
             ms(t.lock_wait_ns),
             ms(m.lock_wait_ns)
         ),
@@ -158,9 +179,15 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
     let busy = |tid: u32| oncpu_share(s, tid).unwrap_or(0.0);
     let mut lost = 0.0;
     let mut by: Vec<HolderTime> = Vec::new();
-    let mut add = |tid: u32, ns: f64| match by.iter_mut().find(|h| h.tid == tid) {
-        Some(h) => h.ns += ns,
-        None => by.push(HolderTime { tid, ns }),
+    let mut add = |tid: u32, ns: f64, long: bool| {
+        let h = HolderTime::of(tid, ns, long);
+        match by.iter_mut().find(|x| x.tid == tid) {
+            Some(x) => {
+                x.ns += h.ns;
+                x.long_ns += h.long_ns;
+            }
+            None => by.push(h),
+        }
     };
     for p in s
         .held_up_by
@@ -171,7 +198,8 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
         match p.by.kind {
             WakerKind::SameProcess if busy(p.by.tid) >= LOCK_HOLDER_BUSY => {
                 lost += ns;
-                add(p.by.tid, ns);
+                let mean = p.blocked_ns / p.wakeups.max(1);
+                add(p.by.tid, ns, mean > GIL_WAIT_MAX_NS);
             }
             WakerKind::Interrupt | WakerKind::KernelThread => {
                 // A timed wait that expired: held by the busiest other thread of the process.
@@ -183,7 +211,7 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
                     .filter(|t| t.totals.time.oncpu_ns as f64 >= LOCK_HOLDER_BUSY * window);
                 if let Some(h) = holder {
                     lost += ns;
-                    add(h.tid, ns);
+                    add(h.tid, ns, false);
                 }
             }
             _ => {}
@@ -195,7 +223,7 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
     by.sort_by(|a, b| b.ns.total_cmp(&a.ns));
     let cause = lock_cause(
         s,
-        holders(s, &by),
+        &by,
         0.0,
         format!(
             "busy threads waited {} in futexes other busy threads of their process held ({} of the time the threads wanted a CPU)",
