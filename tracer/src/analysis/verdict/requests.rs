@@ -11,6 +11,11 @@ use crate::analysis::{requests::RequestAnalysis, summary::Summary};
 /// Tail requests moved this many more times than median ones on average: their extra on-CPU
 /// time is put down to the moves (caches refilled on the new CPU) rather than left unexplained.
 pub const MIGRATION_EXCESS_MIN: f64 = 0.5;
+/// At most this much extra on-CPU time per extra move is put down to the moves: refilling a
+/// core's caches after a move (a few MB of L2 and L3 at tens of GB/s) takes tens to hundreds
+/// of microseconds, so a tail that moved a little more and ran milliseconds longer did more
+/// work, and the rest stays longer on-CPU time.
+pub const MIGRATION_COST_MAX_NS: f64 = 1_000_000.0;
 /// Tail MPKI at least this multiple of the median requests' MPKI (and at least 1): cache thrash.
 pub const MPKI_RATIO_MIN: f64 = 1.5;
 pub const MPKI_MIN: f64 = 1.0;
@@ -77,9 +82,14 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
     // Migrations: the waits after moves, and the extra on-CPU time when the tail moved more.
     let extra_moves = tail.migrations_mean - median.migrations_mean;
     let oncpu_from_moves = extra_moves >= MIGRATION_EXCESS_MIN;
+    let moved_oncpu = if oncpu_from_moves {
+        ex.oncpu_ns.clamp(0.0, extra_moves * MIGRATION_COST_MAX_NS)
+    } else {
+        0.0
+    };
     out.push(Cause::new(
         Mechanism::Migrations,
-        share(ex.runq_migration_ns) + if oncpu_from_moves { share(ex.oncpu_ns) } else { 0.0 },
+        share(ex.runq_migration_ns) + share(moved_oncpu),
         format!(
             "{:.1} CPU changes per tail request vs {:.1} per median one; waiting after a move: {}{}{}",
             tail.migrations_mean,
@@ -87,7 +97,11 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
             per(tail.mean.runq_migration_ns, median.mean.runq_migration_ns),
             via(q.runq_migration_ns),
             if oncpu_from_moves {
-                format!("; on-CPU time {}", per(tail.mean.oncpu_ns, median.mean.oncpu_ns))
+                format!(
+                    "; on-CPU time {}, {} more of it put down to the moves",
+                    per(tail.mean.oncpu_ns, median.mean.oncpu_ns),
+                    ms(moved_oncpu)
+                )
             } else {
                 String::new()
             }
@@ -95,36 +109,34 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
     ));
 
     // Longer on-CPU time not put down to moves: cache misses if measured.
-    if !oncpu_from_moves {
-        let oncpu = per(tail.mean.oncpu_ns, median.mean.oncpu_ns);
-        let (mechanism, evidence) = match (tail.mpki, median.mpki) {
-            (Some(t), Some(m)) if t >= MPKI_MIN && t >= MPKI_RATIO_MIN * m => (
-                Mechanism::LlcMisses,
-                format!(
-                    "{t:.1} LLC misses per 1000 instructions in tail requests vs {m:.1} in median ones; on-CPU time {oncpu}"
-                ),
+    let oncpu = per(tail.mean.oncpu_ns, median.mean.oncpu_ns);
+    let (mechanism, evidence) = match (tail.mpki, median.mpki) {
+        (Some(t), Some(m)) if t >= MPKI_MIN && t >= MPKI_RATIO_MIN * m => (
+            Mechanism::LlcMisses,
+            format!(
+                "{t:.1} LLC misses per 1000 instructions in tail requests vs {m:.1} in median ones; on-CPU time {oncpu}"
             ),
-            (Some(t), Some(m)) => (
-                Mechanism::LongerOncpu { llc_measured: true },
-                format!(
-                    "on-CPU time {oncpu}; LLC MPKI {t:.1} vs {m:.1}: more work per request, a lower CPU clock, or hypervisor steal"
-                ),
+        ),
+        (Some(t), Some(m)) => (
+            Mechanism::LongerOncpu { llc_measured: true },
+            format!(
+                "on-CPU time {oncpu}; LLC MPKI {t:.1} vs {m:.1}: more work per request, a lower CPU clock, or hypervisor steal"
             ),
-            _ => (
-                Mechanism::LongerOncpu {
-                    llc_measured: false,
-                },
-                format!(
-                    "on-CPU time {oncpu}; without LLC counters, cache thrash, more work per request, a lower clock or steal cannot be told apart"
-                ),
+        ),
+        _ => (
+            Mechanism::LongerOncpu {
+                llc_measured: false,
+            },
+            format!(
+                "on-CPU time {oncpu}; without LLC counters, cache thrash, more work per request, a lower clock or steal cannot be told apart"
             ),
-        };
-        out.push(Cause::new(
-            mechanism,
-            share(ex.oncpu_ns),
-            evidence + &via(q.oncpu_ns) + &steal_note(s, r),
-        ));
-    }
+        ),
+    };
+    out.push(Cause::new(
+        mechanism,
+        share(ex.oncpu_ns - moved_oncpu),
+        evidence + &via(q.oncpu_ns) + &steal_note(s, r),
+    ));
 
     let gpu = gpu_mechanism(
         s,

@@ -494,6 +494,36 @@ fn waits_after_forced_moves_are_migrations() {
     assert_eq!(v.causes[0].mechanism.to_string(), "migrations");
 }
 
+#[test]
+fn moves_take_at_most_a_millisecond_of_extra_on_cpu_time_each() {
+    // The tail moved once more and ran 4.5 ms longer: the move refilled caches for at most
+    // MIGRATION_COST_MAX_NS; the rest was more work.
+    let mut s = Server::new();
+    let slow = [
+        Run(MS / 2),
+        Wait {
+            ns: 50_000,
+            prev: HOG,
+            moved: true,
+        },
+        Run(5 * MS),
+    ];
+    s.serve(200, 20, &NORMAL, &slow);
+    let v = verdict(&s.finish(vec![hog(MS)]));
+    let share = |m: &str| {
+        v.causes
+            .iter()
+            .find(|c| c.mechanism.to_string() == m)
+            .map_or(0.0, |c| c.share)
+    };
+    assert!(
+        v.causes[0].mechanism.to_string().starts_with("longer on-CPU"),
+        "{v:?}"
+    );
+    let moves = share("migrations");
+    assert!(moves > 0.15 && moves < 0.3, "{moves}");
+}
+
 /// Tail requests run three times longer; with `mpki_tail`, their LLC MPKI.
 fn slower_on_cpu(pmu: bool, mpki_tail: u64) -> Recording {
     let mut s = Server::new();
