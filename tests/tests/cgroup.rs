@@ -114,3 +114,64 @@ fn a_quota_on_an_ancestor_cgroup_is_the_cause_named() {
     drop(cg);
     assert!(!cpu_root().0.join(&name).exists());
 }
+
+/// A spinner under a 0.2-CPU quota, pinned to one CPU beside a nice-19 spinner of another
+/// cgroup: the quota holds it 80 ms in every 100, and the other spinner runs meanwhile. The
+/// kernel's throttled-time count of the spinner's group queue says which part of each wait
+/// was the quota's; the cgroup's own cpu.stat is the independent count of the same time.
+#[test]
+fn waits_the_quota_held_behind_other_tasks_match_the_cgroups_own_count() {
+    let _guard = serial();
+    require_root();
+    let name = format!("tracer-test-held-{}", std::process::id());
+    let cg = Nested::new(&name);
+    let cpu = (std::thread::available_parallelism().map_or(1, |n| n.get()) - 1).to_string();
+    let spin = |nice: &str| {
+        Kill(
+            Command::new("taskset")
+                .args([
+                    "-c",
+                    &cpu,
+                    "nice",
+                    "-n",
+                    nice,
+                    "sh",
+                    "-c",
+                    "while :; do :; done",
+                ])
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let (server, neighbour) = (spin("0"), spin("19"));
+    cg.add(server.0.id());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = run_tracer(&[
+        "attach",
+        "-p",
+        &server.0.id().to_string(),
+        "-d",
+        "2s",
+        "--json",
+        "-q",
+        "--no-gpu",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let w = &doc["totals"]["wait_classes"];
+    let ours = u(&w["throttled_ns"]) as f64;
+    let theirs = u(&doc["cgroup"]["throttled_ns"]) as f64;
+    // The window cuts at most one throttle (80 ms) at each end, which the two counts can
+    // take differently: 15 % of the ~1.6 s throttled.
+    assert!(
+        (ours - theirs).abs() <= 0.15 * theirs,
+        "throttled waits {ours} ns vs cpu.stat {theirs} ns: {w}"
+    );
+    // The neighbour's weight (15 against 1024) lets it hold the CPU for a sliver of the rest.
+    assert!(u(&w["contention_ns"]) as f64 <= 0.5 * ours, "{w}");
+    let v = &doc["verdict"];
+    assert_eq!(v["causes"][0]["mechanism_id"], "cgroup_throttling", "{v}");
+    drop((server, neighbour));
+    drop(cg);
+    assert!(!cpu_root().0.join(&name).exists());
+}

@@ -29,6 +29,12 @@ pub struct Config {
     pub task_cfs_rq_off: u32,
     pub cfs_rq_rq_off: u32,
     pub rq_clock_off: u32,
+    /// `cfs_rq.throttled_clock_self_time` (Linux 6.6+; before, `throttled_clock_pelt_time`):
+    /// the time CFS bandwidth control held the task's group queue on its CPU throttled, summed
+    /// by the kernel at each unthrottle. Read at a wait's start and end, it says how much of
+    /// the wait was throttling (`WaitCode::Throttled`). 0: not known (no
+    /// CONFIG_CFS_BANDWIDTH, no `task_cfs_rq_off`, classic tracepoints).
+    pub cfs_rq_throttled_off: u32,
     /// Field offsets in the classic tracepoints' records, read from tracefs `format` files
     /// (classic fallback only).
     pub switch_prev_state_off: u32,
@@ -123,6 +129,7 @@ impl Config {
             task_cfs_rq_off: 0,
             cfs_rq_rq_off: 0,
             rq_clock_off: 0,
+            cfs_rq_throttled_off: 0,
             switch_prev_state_off: 0,
             switch_prev_state_size: 8,
             switch_next_pid_off: 0,

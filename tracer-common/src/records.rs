@@ -89,6 +89,11 @@ pub const SWITCH_RUNNABLE_UNSURE: u32 = 2;
 
 /// Where a `SwitchIn` record keeps its `WaitCode`.
 pub const WAIT_CODE_SHIFT: u32 = 8;
+/// Where a `SwitchIn` record keeps the share of its wait, in thousandths (0-1000, 10 bits),
+/// that CFS bandwidth control held the thread's cgroup throttled (its CPU quota spent for the
+/// period), whatever the wait's code says ran meanwhile. 0 in trace files written before.
+pub const THROTTLED_SHIFT: u32 = 16;
+pub const THROTTLED_MASK: u32 = 0x3ff;
 /// The bits of `Event::kind` that hold the `EventKind`.
 pub const KIND_MASK: u32 = 0xff;
 
@@ -113,6 +118,13 @@ impl Event {
     #[inline(always)]
     pub fn event_kind(&self) -> Result<EventKind, u32> {
         EventKind::try_from(self.kind & KIND_MASK)
+    }
+
+    /// For a `SwitchIn`, how much of the wait it ended the thread's cgroup was throttled.
+    #[inline(always)]
+    pub fn throttled_ns(&self) -> u64 {
+        let permille = u64::from((self.kind >> THROTTLED_SHIFT) & THROTTLED_MASK).min(1000);
+        self.value * permille / 1000
     }
 
     #[inline(always)]

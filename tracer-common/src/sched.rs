@@ -122,6 +122,9 @@ pub struct ThreadStats {
     /// Number of complete run-queue waits (runnable -> running) seen inside the window.
     pub runq_waits: u64,
     pub runq_wait_max_ns: u64,
+    /// `cfs_rq_throttled_off`'s counter of the thread's group queue when its current wait
+    /// began: what it grew by at the switch-in is the wait's throttled time.
+    pub throttled_at_wait: u64,
     /// CPU whose run queue holds the thread while it is runnable.
     pub wait_cpu: u32,
     /// CPU the thread last ran on.
@@ -207,6 +210,7 @@ impl ThreadStats {
             blocked_ns: 0,
             runq_waits: 0,
             runq_wait_max_ns: 0,
+            throttled_at_wait: 0,
             wait_cpu: u32::MAX,
             last_cpu: u32::MAX,
             parent_tid: 0,

@@ -185,6 +185,7 @@ mod tests {
             state,
             cpu: Some(0),
             wait: None,
+            throttled_ns: 0,
             woken,
         }
     }

@@ -49,6 +49,8 @@ pub struct Interval {
     /// Runnable intervals ended by a switch-in: what kind of wait it was, and the task that
     /// had the CPU just before (0: the idle task).
     pub wait: Option<(WaitKind, u32)>,
+    /// Of a runnable interval ended by a switch-in, the part its cgroup was throttled.
+    pub throttled_ns: u64,
     /// Blocked intervals ended by a wakeup: who woke the thread and what it was blocked in.
     pub woken: Option<Woken>,
 }
@@ -95,6 +97,7 @@ impl ThreadTimeline {
                 state,
                 cpu: self.cpu,
                 wait: None,
+                throttled_ns: 0,
                 woken: None,
             });
         }
@@ -158,6 +161,7 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
                     && last.end_ns == ts
                 {
                     last.wait = Some((kind, ev.aux));
+                    last.throttled_ns = ev.throttled_ns().min(last.end_ns - last.start_ns);
                 }
             }
             EventKind::SwitchOut => {

@@ -1,7 +1,9 @@
 //! Why a run-queue wait happened, told from the transitions around it: the thread was moved to
 //! another CPU while it waited (a forced migration: affinity change, load balancing), the CPU
 //! it waited for was idle when it finally ran (cgroup throttling, or a slow wakeup of an idle
-//! CPU), or another task held the CPU (contention). The kernel side decides (tracer-ebpf
+//! CPU), or another task held the CPU (contention). Apart from its kind, each wait says how much
+//! of it the thread's cgroup was throttled (its CPU quota spent), from the kernel's own
+//! throttled-time count of the thread's group queue: that part is throttling, whoever ran. The kernel side decides (tracer-ebpf
 //! `sched.rs`) and says so in each switch-in record; `trace/upgrade.rs` decides the same for
 //! the records of trace format 1, which did not say.
 
@@ -61,10 +63,30 @@ pub struct WaitClasses {
     /// The part of the idle-CPU waits that lasted `LONG_IDLE_WAIT_NS` or more.
     pub idle_cpu_long_ns: u64,
     pub idle_cpu_long_waits: u64,
+    /// The parts of contention waits their cgroup was throttled (its quota spent): other
+    /// tasks ran, but the quota held the thread. Taken out of `contention_ns`. (A wait on an
+    /// idle CPU stays `idle_cpu` whole, judged by the cgroup's counters; a moved thread's
+    /// share is not known.) Recordings from before the kernel said have none.
+    #[serde(default)]
+    pub throttled_ns: u64,
+    /// The waits with such a part.
+    #[serde(default)]
+    pub throttled_waits: u64,
 }
 
 impl WaitClasses {
-    pub fn add(&mut self, kind: WaitKind, ns: u64) {
+    /// A wait of `ns`, `throttled` of it with the cgroup throttled.
+    pub fn add(&mut self, kind: WaitKind, ns: u64, throttled: u64) {
+        let throttled = if kind == WaitKind::Contention {
+            throttled.min(ns)
+        } else {
+            0
+        };
+        if throttled > 0 {
+            self.throttled_ns += throttled;
+            self.throttled_waits += 1;
+        }
+        let ns = ns - throttled;
         match kind {
             WaitKind::Contention => {
                 self.contention_ns += ns;
@@ -94,6 +116,8 @@ impl WaitClasses {
         self.idle_cpu_waits += o.idle_cpu_waits;
         self.idle_cpu_long_ns += o.idle_cpu_long_ns;
         self.idle_cpu_long_waits += o.idle_cpu_long_waits;
+        self.throttled_ns += o.throttled_ns;
+        self.throttled_waits += o.throttled_waits;
     }
 }
 
@@ -104,9 +128,9 @@ mod tests {
     #[test]
     fn long_idle_waits_are_counted_apart() {
         let mut c = WaitClasses::default();
-        c.add(WaitKind::IdleCpu, 50_000);
-        c.add(WaitKind::IdleCpu, 5_000_000);
-        c.add(WaitKind::Contention, 10);
+        c.add(WaitKind::IdleCpu, 50_000, 0);
+        c.add(WaitKind::IdleCpu, 5_000_000, 0);
+        c.add(WaitKind::Contention, 10, 0);
         assert_eq!((c.idle_cpu_waits, c.idle_cpu_ns), (2, 5_050_000));
         assert_eq!((c.idle_cpu_long_waits, c.idle_cpu_long_ns), (1, 5_000_000));
         let mut d = WaitClasses::default();

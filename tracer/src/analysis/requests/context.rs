@@ -24,6 +24,8 @@ pub(super) struct Context<'a> {
     held: Held<'a>,
     /// LLC misses and instructions were both counted.
     llc: bool,
+    /// The cgroup's quota period (quota.rs).
+    quota_period_ns: u64,
     /// By thread, each sorted.
     migrations: HashMap<u32, Vec<u64>>,
     /// (start, end, llc misses, instructions).
@@ -67,6 +69,7 @@ impl<'a> Context<'a> {
             stalls: Stalls::build(timelines),
             held: Held::build(rec, timelines),
             llc,
+            quota_period_ns: super::quota::period_ns(rec),
             migrations,
             slices,
             syncs,
@@ -102,7 +105,7 @@ impl<'a> Context<'a> {
             &view,
             (&self.stalls, &self.held, &other),
             busy_until,
-            self.llc,
+            (self.llc, self.quota_period_ns),
         )
     }
 }

@@ -186,6 +186,7 @@ mod tests {
             state,
             cpu: Some(0),
             wait: (state == State::Runnable).then_some((WaitKind::Contention, 99)),
+            throttled_ns: 0,
             woken: None,
         }
     }

@@ -12,6 +12,7 @@ mod context;
 mod handoff;
 mod parts;
 mod queue;
+mod quota;
 mod stalls;
 
 use context::Context;
@@ -165,11 +166,17 @@ fn piece(
     match i.state {
         State::Runnable => {
             let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
+            // The throttled part of the wait, pro rata over the piece: where in the wait the
+            // throttle fell is not known, only how long it was.
+            let whole = (i.end_ns - i.start_ns).max(1) as f64;
+            let throttled = (ov * i.throttled_ns as f64 / whole).min(ov - idle);
             p.runq_idle_cpu_ns += idle;
+            p.runq_throttled_ns += throttled;
+            let rest = ov - idle - throttled;
             if i.wait.map(|w| w.0) == Some(WaitKind::Migration) {
-                p.runq_migration_ns += ov - idle;
+                p.runq_migration_ns += rest;
             } else {
-                p.runq_contention_ns += ov - idle;
+                p.runq_contention_ns += rest;
             }
         }
         State::Running | State::Blocked => {
@@ -200,9 +207,10 @@ fn decompose<'a>(
     v: &ThreadView,
     ctx: (&Stalls, &Held, &dyn Fn(u32) -> Option<ThreadView<'a>>),
     busy_until: u64,
-    llc: bool,
+    (llc, quota_period_ns): (bool, u64),
 ) -> (RequestDetail, queue::QueuedSpans) {
     let (stalls, held, other) = ctx;
+    let mut quota = quota::QuotaShift::new(quota_period_ns);
     let ctx2 = (stalls, held);
     let (s, e) = (r.start_ns, r.end_ns);
     let mut p = Breakdown::default();
@@ -242,6 +250,10 @@ fn decompose<'a>(
             add_blocked(&mut blocked_by, waker, off);
         }
         p.add_scaled(&q, rest);
+        if i.state == State::Runnable {
+            let waited = (q.runq_contention_ns * rest, q.runq_throttled_ns * rest);
+            quota.on_wait(&mut p, (is, ie), waited);
+        }
     }
     rank_holders(&mut holders);
     rank_blocked(&mut blocked_by);

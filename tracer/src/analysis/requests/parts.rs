@@ -18,6 +18,9 @@ pub struct Breakdown {
     /// Waiting for a CPU that was idle when the thread finally ran (cgroup throttling, or a
     /// slow wakeup).
     pub runq_idle_cpu_ns: f64,
+    /// Waiting for a CPU while the thread's cgroup was throttled (its CPU quota spent) and
+    /// other tasks ran: the kernel's throttled-time count said so (`WaitKind::Throttled`).
+    pub runq_throttled_ns: f64,
     /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
     pub cuda_sync_ns: f64,
     /// Off the CPU and not runnable, other than waiting for the GPU, a lock or a pause (I/O,
@@ -38,6 +41,7 @@ impl Breakdown {
         "runq_contention",
         "runq_migration",
         "runq_idle_cpu",
+        "runq_throttled",
         "cuda_sync",
         "blocked",
         "lock_wait",
@@ -52,6 +56,7 @@ impl Breakdown {
             self.runq_contention_ns,
             self.runq_migration_ns,
             self.runq_idle_cpu_ns,
+            self.runq_throttled_ns,
             self.cuda_sync_ns,
             self.blocked_ns,
             self.lock_wait_ns,
@@ -67,11 +72,12 @@ impl Breakdown {
             runq_contention_ns: v[2],
             runq_migration_ns: v[3],
             runq_idle_cpu_ns: v[4],
-            cuda_sync_ns: v[5],
-            blocked_ns: v[6],
-            lock_wait_ns: v[7],
-            runtime_pause_ns: v[8],
-            uncovered_ns: v[9],
+            runq_throttled_ns: v[5],
+            cuda_sync_ns: v[6],
+            blocked_ns: v[7],
+            lock_wait_ns: v[8],
+            runtime_pause_ns: v[9],
+            uncovered_ns: v[10],
         }
     }
 
@@ -104,7 +110,7 @@ impl Breakdown {
 }
 
 /// The parts of a `Breakdown`; `uncovered` is the last.
-const PARTS: usize = 10;
+const PARTS: usize = 11;
 
 /// A thread that held a lock a request's serving thread waited for, and for how long (ns; a
 /// group's mean per request).

@@ -41,7 +41,7 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     let t = &s.totals;
     let wanted = (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64;
     let c: &WaitClasses = &t.wait_classes;
-    let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns) as f64;
+    let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns + c.throttled_ns) as f64;
     // The wait classes come from the timeline; the kernel's total is exact even if events
     // were lost, so they are scaled to it.
     let scale = if classified > 0.0 {
@@ -79,8 +79,10 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         runq
     };
     // Waits after a forced move are charged to whoever ran on the new CPU; they count as
-    // migrations, not contention.
-    let contention_ns = (contention_ns - migration_wait_ns).max(0.0);
+    // migrations, not contention. Waits the cgroup's quota held while other tasks ran are
+    // charged to those tasks; they count as throttling.
+    let throttled_wait_ns = c.throttled_ns as f64 * scale;
+    let contention_ns = (contention_ns - migration_wait_ns - throttled_wait_ns).max(0.0);
     let mut lost: Vec<Lost> = Vec::new();
 
     if contention_ns / wanted >= CONTENTION_MIN {
@@ -100,21 +102,25 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         });
     }
 
-    if throttled(s) && idle_ns / wanted >= THROTTLE_MIN {
+    let throttle_ns = throttled_wait_ns + if throttled(s) { idle_ns } else { 0.0 };
+    if (throttled(s) || throttled_wait_ns > 0.0) && throttle_ns / wanted >= THROTTLE_MIN {
         lost.push(Lost {
-            ns: idle_ns,
+            ns: throttle_ns,
             cause: Cause::new(
                 Mechanism::CgroupThrottling,
                 0.0,
                 format!(
-                    "runnable while their CPU idled for {} ({} of the wanted time); {}",
-                    ms(idle_ns),
-                    pct(idle_ns / wanted, ""),
+                    "runnable while their cgroup was throttled for {} ({} of the wanted time): {} of it while other tasks ran, {} with the CPU idle; {}",
+                    ms(throttle_ns),
+                    pct(throttle_ns / wanted, ""),
+                    ms(throttled_wait_ns),
+                    ms(throttle_ns - throttled_wait_ns),
                     throttle_evidence(s)
                 ),
             ),
         });
-    } else if idle_ns / wanted >= CONTENTION_MIN {
+    }
+    if !throttled(s) && idle_ns / wanted >= CONTENTION_MIN {
         lost.push(Lost {
             ns: idle_ns,
             cause: Cause::new(

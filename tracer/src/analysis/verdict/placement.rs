@@ -84,7 +84,8 @@ fn window_part(t: &ThreadSummary, m: &Mechanism) -> f64 {
     let ns = match m {
         Mechanism::RunQueueContention { .. } if w.contention_ns > 0 => w.contention_ns,
         Mechanism::RunQueueContention { .. } => t.totals.time.runq_wait_ns,
-        Mechanism::CgroupThrottling | Mechanism::IdleCpuWakeup => w.idle_cpu_ns,
+        Mechanism::CgroupThrottling => w.idle_cpu_ns + w.throttled_ns,
+        Mechanism::IdleCpuWakeup => w.idle_cpu_ns,
         // The waits after moves; the moves themselves (a count, 1 ns each) only break ties.
         Mechanism::Migrations => w.migration_ns + t.totals.switches.migrations,
         Mechanism::SmSaturationByOthers { .. }
@@ -124,7 +125,8 @@ fn from_requests(s: &Summary, r: &RequestAnalysis, m: &Mechanism, per: &mut BTre
 fn request_part(b: &Breakdown, m: &Mechanism) -> f64 {
     match m {
         Mechanism::RunQueueContention { .. } => b.runq_contention_ns,
-        Mechanism::CgroupThrottling | Mechanism::IdleCpuWakeup => b.runq_idle_cpu_ns,
+        Mechanism::CgroupThrottling => b.runq_idle_cpu_ns + b.runq_throttled_ns,
+        Mechanism::IdleCpuWakeup => b.runq_idle_cpu_ns,
         Mechanism::Migrations => b.runq_migration_ns + b.oncpu_ns,
         Mechanism::SmSaturationByOthers { .. }
         | Mechanism::SmSaturation { .. }

@@ -59,25 +59,37 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         ),
     ));
 
-    // Run-queue waits that ended on an idle CPU.
+    // Run-queue waits the kernel said the cgroup's quota held (whoever ran meanwhile), and
+    // waits that ended on an idle CPU: throttling too where the cgroup was throttled.
     let idle =
         per(tail.mean.runq_idle_cpu_ns, median.mean.runq_idle_cpu_ns) + &via(q.runq_idle_cpu_ns);
-    out.push(if throttled(s) {
-        Cause::new(
-            Mechanism::CgroupThrottling,
-            share(ex.runq_idle_cpu_ns),
-            format!(
-                "runnable with the CPU idle: {idle}; {}",
-                throttle_evidence(s)
-            ),
-        )
-    } else {
-        Cause::new(
+    let held =
+        per(tail.mean.runq_throttled_ns, median.mean.runq_throttled_ns) + &via(q.runq_throttled_ns);
+    out.push(Cause::new(
+        Mechanism::CgroupThrottling,
+        share(ex.runq_throttled_ns)
+            + if throttled(s) {
+                share(ex.runq_idle_cpu_ns)
+            } else {
+                0.0
+            },
+        format!(
+            "runnable while the cgroup was throttled and other tasks ran: {held}{}; {}",
+            if throttled(s) {
+                format!("; runnable with the CPU idle: {idle}")
+            } else {
+                String::new()
+            },
+            throttle_evidence(s)
+        ),
+    ));
+    if !throttled(s) {
+        out.push(Cause::new(
             Mechanism::IdleCpuWakeup,
             share(ex.runq_idle_cpu_ns),
             format!("runnable with the CPU idle: {idle}; no cgroup throttling seen"),
-        )
-    });
+        ));
+    }
 
     // Migrations: the waits after moves, and the extra on-CPU time when the tail moved more.
     let extra_moves = tail.migrations_mean - median.migrations_mean;

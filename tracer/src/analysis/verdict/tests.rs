@@ -1,7 +1,9 @@
 //! The verdict on recordings built by hand, one per cause and mixed, through the whole
 //! analysis (timeline, request decomposition, summary, verdict).
 
-use tracer_common::{CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot, WAIT_CODE_SHIFT, WaitCode};
+use tracer_common::{
+    CudaFn, Event, EventKind, PERF_SLOTS, PerfSlot, THROTTLED_SHIFT, WAIT_CODE_SHIFT, WaitCode,
+};
 
 use super::*;
 use crate::{
@@ -35,6 +37,12 @@ enum Part {
         ns: u64,
         prev: u32,
         moved: bool,
+    },
+    /// Preempted for this long behind `prev`, the cgroup throttled for all of it (the
+    /// kernel's throttled share in the switch-in record).
+    Throttled {
+        ns: u64,
+        prev: u32,
     },
     /// Blocked in a CUDA synchronize.
     Gpu(u64),
@@ -136,6 +144,12 @@ impl Server {
                     self.t += ns;
                     self.switch_in(prev, ns, moved);
                 }
+                Throttled { ns, prev } => {
+                    self.ev(self.t, EventKind::SwitchOut, 1, 0);
+                    self.t += ns;
+                    self.switch_in(prev, ns, false);
+                    self.events.last_mut().unwrap().kind |= 1000 << THROTTLED_SHIFT;
+                }
                 Gpu(ns) => {
                     self.syncs.push(CudaSpan {
                         tid: TID,
@@ -191,7 +205,7 @@ impl Server {
             if let Some(kind) = WaitKind::of(ev)
                 && ev.value > 1
             {
-                th.wait_classes.add(kind, ev.value);
+                th.wait_classes.add(kind, ev.value, ev.throttled_ns());
             }
         }
         if !self.syncs.is_empty() {
@@ -477,6 +491,32 @@ fn waits_on_an_idle_cpu_in_a_throttled_cgroup_are_throttling() {
 }
 
 #[test]
+fn waits_the_quota_held_behind_other_tasks_are_throttling() {
+    // The kernel said the cgroup was throttled for all of the tail's waits, while a task of
+    // another cgroup ran: the quota held the server, not the other task.
+    let mut s = Server::new();
+    let slow = [
+        Run(MS / 2),
+        Throttled {
+            ns: 5 * MS,
+            prev: HOG,
+        },
+        Run(MS / 2),
+    ];
+    s.serve(200, 20, &NORMAL, &slow);
+    let mut rec = s.finish(vec![hog(50 * MS)]);
+    throttled_cgroup(&mut rec);
+    let report = analyze(&rec);
+    let t = &report.summary.totals.wait_classes;
+    assert_eq!(t.throttled_waits, 10);
+    assert_eq!(t.throttled_ns, 50 * MS);
+    let v = &report.verdict;
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    assert_eq!(v.causes[0].mechanism.to_string(), "cgroup CPU throttling");
+    assert!(v.causes[0].share > 0.9, "{v:?}");
+}
+
+#[test]
 fn waits_after_forced_moves_are_migrations() {
     let mut s = Server::new();
     let slow = [
@@ -517,7 +557,10 @@ fn moves_take_at_most_a_millisecond_of_extra_on_cpu_time_each() {
             .map_or(0.0, |c| c.share)
     };
     assert!(
-        v.causes[0].mechanism.to_string().starts_with("longer on-CPU"),
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .starts_with("longer on-CPU"),
         "{v:?}"
     );
     let moves = share("migrations");
@@ -676,7 +719,7 @@ fn in_mixed_cases_the_larger_cause_ranks_first() {
 fn window(on_ms: u64, rq_ms: u64, preemptors: Vec<PreemptorRecord>) -> Recording {
     let mut t = thread(TID, on_ms * MS, rq_ms * MS, &[rq_ms * MS]);
     t.wait_classes
-        .add(crate::recording::waits::WaitKind::Contention, rq_ms * MS);
+        .add(crate::recording::waits::WaitKind::Contention, rq_ms * MS, 0);
     let mut rec = recording(vec![t], preemptors);
     rec.start_ns = 0;
     rec.end_ns = 1000 * MS;
@@ -767,7 +810,7 @@ fn service(front_end_waits: bool) -> Recording {
     rec.threads[0].tid = 201;
     rec.threads[0].pid = 200;
     let mut api = thread(101, 50 * MS, MS, &[MS]);
-    api.wait_classes.add(WaitKind::Contention, MS);
+    api.wait_classes.add(WaitKind::Contention, MS, 0);
     rec.threads.push(api);
     rec.processes = vec![
         member(100, 1, "vllm serve", true),

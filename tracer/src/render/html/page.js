@@ -362,7 +362,7 @@
   // ---- Requests --------------------------------------------------------------------------
   const PARTS = [["oncpu_ns", "on CPU"], ["queued_oncpu_ns", "on CPU, queued behind earlier requests"],
     ["runq_contention_ns", "run queue: other tasks ran"], ["runq_migration_ns", "run queue: moved CPU"],
-    ["runq_idle_cpu_ns", "run queue: CPU idle (throttled, slow wakeup)"], ["cuda_sync_ns", "GPU wait (CUDA sync)"],
+    ["runq_idle_cpu_ns", "run queue: CPU idle (throttled, slow wakeup)"], ["runq_throttled_ns", "run queue: cgroup throttled"], ["cuda_sync_ns", "GPU wait (CUDA sync)"],
     ["blocked_ns", "other blocked"], ["lock_wait_ns", "lock wait"], ["runtime_pause_ns", "runtime pause (GC)"],
     ["uncovered_ns", "not covered by the timeline"]];
   function who(b) {

@@ -26,6 +26,9 @@ pub struct TaskOffsets {
     pub cpu: u32,
     /// The way from a task to its run queue's clock, where the kernel has one.
     pub rq_clock: Option<RqClockPath>,
+    /// The throttled-time counter in a `cfs_rq` (with `rq_clock`'s `task->se.cfs_rq`), where
+    /// the kernel has CFS bandwidth control.
+    pub throttled: Option<ThrottledField>,
     /// The task's own counters: `se.sum_exec_runtime`, `nvcsw`, `nivcsw`, `se.nr_migrations`.
     pub counts: Option<(u32, u32, u32, u32)>,
     pub real_parent: Option<u32>,
@@ -48,6 +51,30 @@ pub fn wakeup_clock_note(rq_clock: bool) -> &'static str {
         "switch and wakeup times from the run queue's clock"
     } else {
         "switch and wakeup times from the clock helper (no cfs_rq.rq: CONFIG_FAIR_GROUP_SCHED is off)"
+    }
+}
+
+/// A `cfs_rq`'s own count of its throttled time: `throttled_clock_self_time` (Linux 6.6+, run
+/// queue clock ns) or, before, `throttled_clock_pelt_time` (the PELT clock, which runs slower
+/// than real time on a CPU below its top frequency where the kernel scales for frequency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThrottledField {
+    pub offset: u32,
+    pub exact: bool,
+}
+
+/// What a recording says about its throttled waits.
+pub fn throttle_note(f: Option<ThrottledField>) -> &'static str {
+    match f {
+        Some(ThrottledField { exact: true, .. }) => {
+            "throttled waits from cfs_rq.throttled_clock_self_time"
+        }
+        Some(_) => {
+            "throttled waits from cfs_rq.throttled_clock_pelt_time (Linux < 6.6: the PELT clock, which can run slower than real time, so a throttled wait may read as contention)"
+        }
+        None => {
+            "throttled waits not told apart (no CFS bandwidth control in this kernel's BTF): a wait behind a cgroup's spent quota reads as contention when other tasks ran, as idle-CPU latency when none did"
+        }
     }
 }
 
@@ -81,6 +108,22 @@ impl TaskOffsets {
                 rq_clock: btf.member_offset(btf.struct_id("rq").ok()?, &["clock"])?,
             })
         })();
+        let throttled = (|| {
+            let cfs_rq = btf.struct_id("cfs_rq").ok()?;
+            let at = |name| btf.member_offset(cfs_rq, &[name]);
+            at("throttled_clock_self_time")
+                .map(|offset| ThrottledField {
+                    offset,
+                    exact: true,
+                })
+                .or_else(|| {
+                    at("throttled_clock_pelt_time").map(|offset| ThrottledField {
+                        offset,
+                        exact: false,
+                    })
+                })
+        })()
+        .filter(|_| rq_clock.is_some());
         let counts = (|| {
             Some((
                 at(&["se", "sum_exec_runtime"]).ok()?,
@@ -95,6 +138,7 @@ impl TaskOffsets {
             comm: at(&["comm"])?,
             cpu,
             rq_clock,
+            throttled,
             counts,
             real_parent: at(&["real_parent"]).ok(),
             flags: at(&["flags"])?,
@@ -148,6 +192,7 @@ impl TaskOffsets {
             config.task_cfs_rq_off = p.task_cfs_rq;
             config.cfs_rq_rq_off = p.cfs_rq_rq;
             config.rq_clock_off = p.rq_clock;
+            config.cfs_rq_throttled_off = self.throttled.map_or(0, |f| f.offset);
         }
     }
 }
@@ -401,9 +446,10 @@ pub fn btf_capability(path: &Path) -> Capability {
     }
     match TaskOffsets::from_btf_file(path) {
         Ok(o) => Capability::yes(format!(
-            "{} parsed; task_struct offsets found; {}",
+            "{} parsed; task_struct offsets found; {}; {}",
             path.display(),
-            wakeup_clock_note(o.rq_clock.is_some())
+            wakeup_clock_note(o.rq_clock.is_some()),
+            throttle_note(o.throttled)
         )),
         Err(e) => Capability::no(format!("{} unusable: {e:#}", path.display())),
     }
@@ -506,5 +552,9 @@ format:
         );
         assert_eq!(rq.cfs_rq_rq * 8, bits_in("cfs_rq", "rq"));
         assert_eq!(rq.rq_clock * 8, bits_in("rq", "clock"));
+        // This kernel (6.18) has CFS bandwidth control and the exact counter.
+        let t = ours.throttled.expect("cfs_rq.throttled_clock_self_time");
+        assert!(t.exact);
+        assert_eq!(t.offset * 8, bits_in("cfs_rq", "throttled_clock_self_time"));
     }
 }

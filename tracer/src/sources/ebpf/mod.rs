@@ -354,10 +354,14 @@ impl SchedProbes {
             config.request_id_arg = u32::from(arg);
         }
 
+        let mut throttled = None;
         let (mode, btf, mut fallback_reason) = match opts.choice {
             ProbeChoice::Classic => (ProbeMode::Classic, None, Some("--probes classic".into())),
             ProbeChoice::Btf | ProbeChoice::Auto => match btf_setup(&btf_path, &mut config) {
-                Ok(btf) => (ProbeMode::TpBtf, Some(btf), None),
+                Ok((btf, offsets)) => {
+                    throttled = offsets.throttled;
+                    (ProbeMode::TpBtf, Some(btf), None)
+                }
                 Err(e) if opts.choice == ProbeChoice::Auto => {
                     (ProbeMode::Classic, None, Some(format!("{e:#}")))
                 }
@@ -387,9 +391,10 @@ impl SchedProbes {
             Some(_) => crate::recording::Capability {
                 available: true,
                 reason: format!(
-                    "{} parsed; task_struct offsets found; {}",
+                    "{} parsed; task_struct offsets found; {}; {}",
                     btf_path.display(),
-                    layout::wakeup_clock_note(config.wakeup_rq_clock != 0)
+                    layout::wakeup_clock_note(config.wakeup_rq_clock != 0),
+                    layout::throttle_note(throttled.filter(|_| config.cfs_rq_throttled_off != 0))
                 ),
             },
             None => layout::btf_capability(&btf_path),
@@ -896,7 +901,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
     Ok(switch)
 }
 
-fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
+fn btf_setup(path: &Path, config: &mut Config) -> Result<(Btf, layout::TaskOffsets)> {
     if !path.exists() {
         anyhow::bail!(
             "{} does not exist (kernel built without CONFIG_DEBUG_INFO_BTF)",
@@ -905,8 +910,9 @@ fn btf_setup(path: &Path, config: &mut Config) -> Result<Btf> {
     }
     let offsets = layout::TaskOffsets::from_btf_file(path)?;
     offsets.apply(config);
-    Btf::parse_file(path, aya::Endianness::default())
-        .with_context(|| format!("parsing {}", path.display()))
+    let btf = Btf::parse_file(path, aya::Endianness::default())
+        .with_context(|| format!("parsing {}", path.display()))?;
+    Ok((btf, offsets))
 }
 
 /// Number of possible CPUs: CPU numbers index per-CPU maps.
