@@ -357,11 +357,18 @@ fn an_absent_collector_is_said_and_the_watch_goes_on() {
     ]);
     let t0 = Instant::now();
     let done = tracer.finish(Duration::from_secs(30));
-    assert!(done.status.success(), "{}", done.stderr);
     assert_eq!(
         done.stdout.lines().count(),
         3,
         "every window still reported"
+    );
+    // Nothing was exported, which the exit says.
+    assert_eq!(done.status.code(), Some(1), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("took none of the requests of the watch's 3 windows"),
+        "{}",
+        done.stderr
     );
     assert_eq!(
         done.stderr.matches("OTLP: posting to").count(),
@@ -397,7 +404,12 @@ fn a_collector_that_never_answers_does_not_hold_the_exit() {
     ]);
     let done = tracer.finish(Duration::from_secs(40));
     let after = exited_after_last_window(&done.stdout);
-    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(
+        done.status.code(),
+        Some(1),
+        "nothing exported: {}",
+        done.stderr
+    );
     assert_eq!(
         done.stdout.lines().count(),
         4,
@@ -596,7 +608,12 @@ fn a_wait_past_the_end_is_not_waited_for() {
     ]);
     let done = tracer.finish(Duration::from_secs(60));
     let after = exited_after_last_window(&done.stdout);
-    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(
+        done.status.code(),
+        Some(1),
+        "nothing exported: {}",
+        done.stderr
+    );
     assert_eq!(
         done.stdout.lines().count(),
         2,

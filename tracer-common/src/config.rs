@@ -31,9 +31,10 @@ pub struct Config {
     pub rq_clock_off: u32,
     /// `cfs_rq.throttled_clock_self_time` (Linux 6.6+; before, `throttled_clock_pelt_time`):
     /// the time CFS bandwidth control held the task's group queue on its CPU throttled, summed
-    /// by the kernel at each unthrottle. Read at a wait's start and end, it says how much of
-    /// the wait was throttling (`WaitCode::Throttled`). 0: not known (no
-    /// CONFIG_CFS_BANDWIDTH, no `task_cfs_rq_off`, classic tracepoints).
+    /// by the kernel at each unthrottle (`throttled_clock_task_time` before Linux 5.19). Read
+    /// at a wait's start and end, it says how much of the wait was throttling
+    /// (`THROTTLED_SHIFT`). 0: not known (no CONFIG_CFS_BANDWIDTH, no `task_cfs_rq_off`,
+    /// classic tracepoints).
     pub cfs_rq_throttled_off: u32,
     /// Field offsets in the classic tracepoints' records, read from tracefs `format` files
     /// (classic fallback only).

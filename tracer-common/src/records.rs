@@ -74,7 +74,8 @@ pub struct Event {
     pub ts_ns: u64,
     pub tid: u32,
     /// `EventKind` in the low byte; for a `SwitchIn`, the `WaitCode` of the wait it ends in
-    /// the next bits (`WAIT_CODE_SHIFT`). Records of trace format 1 have no wait code.
+    /// the next bits (`WAIT_CODE_SHIFT`), and its throttled share (`THROTTLED_SHIFT`). Records
+    /// of trace format 1 have no wait code; records written before the share have 0 there.
     pub kind: u32,
     pub cpu: u32,
     pub aux: u32,
@@ -123,8 +124,9 @@ impl Event {
     /// For a `SwitchIn`, how much of the wait it ended the thread's cgroup was throttled.
     #[inline(always)]
     pub fn throttled_ns(&self) -> u64 {
-        let permille = u64::from((self.kind >> THROTTLED_SHIFT) & THROTTLED_MASK).min(1000);
-        self.value * permille / 1000
+        let permille = u128::from((self.kind >> THROTTLED_SHIFT) & THROTTLED_MASK).min(1000);
+        // In u128: a damaged file's wait can be any u64.
+        (u128::from(self.value) * permille / 1000) as u64
     }
 
     #[inline(always)]

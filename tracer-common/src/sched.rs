@@ -83,6 +83,10 @@ pub const FLAG_REPAIRED: u32 = 64;
 /// task that blocked and was woken before the record was written (the state is re-read
 /// then): a wakeup before it runs again says it blocked.
 pub const FLAG_RUNNABLE_UNSURE: u32 = 128;
+/// `ThreadStats::flags`, kernel side only: `throttled_at_wait` was read when the current wait
+/// began, so its growth at the switch-in is the wait's throttled part. A wait begun another way
+/// (a repaired switch) has no reading, and its share is left unknown (0).
+pub const FLAG_THROTTLE_BASE: u32 = 256;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///

@@ -13,10 +13,10 @@ use aya_ebpf::helpers::{
 };
 use tracer_common::{
     COMM_LEN, ChildProcess, Counter, CpuWait, Event, EventKind, FLAG_CREATED, FLAG_EXECED,
-    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_RUNNABLE_UNSURE, FLAG_SEEN, MigrationKey,
-    PF_KTHREAD, Preemptor, RUNQ_HIST_SLOTS, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState,
-    ThreadStats, WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WaitCode, WakerKey,
-    WakerRun, hist_slot,
+    FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED, FLAG_RUNNABLE_UNSURE, FLAG_SEEN, FLAG_THROTTLE_BASE,
+    MigrationKey, PF_KTHREAD, Preemptor, RUNQ_HIST_SLOTS, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT,
+    ThreadState, ThreadStats, WAIT_CODE_SHIFT, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WaitCode,
+    WakerKey, WakerRun, hist_slot,
 };
 
 use crate::maps::{
@@ -141,12 +141,22 @@ fn throttled_ns(task: *const u8) -> u64 {
     }
 }
 
+/// Notes the throttled-time count where a wait of `t` (whose task is `task`) begins.
+#[inline(always)]
+fn note_throttle_base(t: &mut ThreadStats, task: *const u8) {
+    t.throttled_at_wait = throttled_ns(task);
+    t.flags |= FLAG_THROTTLE_BASE;
+}
+
 /// The share of the wait of `waited` ns that `task` ends now, in thousandths, that its group
 /// queue was throttled: what the queue's throttled time grew by meanwhile. (A throttle already
 /// under way when the wait began is counted whole at its end, so the growth can exceed the
 /// wait: the share is then the whole.)
 #[inline(always)]
 fn throttled_permille(t: &ThreadStats, task: *const u8, waited: u64) -> u32 {
+    if t.flags & FLAG_THROTTLE_BASE == 0 {
+        return 0;
+    }
     let grew = throttled_ns(task).wrapping_sub(t.throttled_at_wait);
     if (grew as i64) <= 0 || waited == 0 {
         return 0;
@@ -782,7 +792,7 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
         }
         enter(t, ThreadState::Runnable, now);
         t.wait_cpu = cpu;
-        t.throttled_at_wait = throttled_ns(sw.prev_task);
+        note_throttle_base(t, sw.prev_task);
         waiter_add(cpu, now);
     } else {
         t.voluntary_switches += 1;
@@ -890,6 +900,23 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     } else {
         0
     };
+    let kind = wait_kind_bits(t, sw, waited);
+    let mut ev = event(
+        now,
+        sw.next_pid,
+        EventKind::SwitchIn,
+        cpu,
+        sw.prev_pid,
+        waited,
+    );
+    ev.kind |= kind;
+    out.push(&ev);
+}
+
+/// The switch-in record's wait bits for the wait of `waited` ns it ends (0: none): its
+/// `WaitCode` and throttled share. Ends the wait's flags.
+#[inline(always)]
+fn wait_kind_bits(t: &mut ThreadStats, sw: &Switch, waited: u64) -> u32 {
     // The same rules as userspace's WaitTracker, which needs the events in time order. A
     // thread moved while it waited sits in another CPU's group queue, whose throttled time
     // is another count: its throttled share is not known. A wait too short to hold a
@@ -907,17 +934,8 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     } else {
         WaitCode::Contention
     };
-    t.flags &= !FLAG_MOVED;
-    let mut ev = event(
-        now,
-        sw.next_pid,
-        EventKind::SwitchIn,
-        cpu,
-        sw.prev_pid,
-        waited,
-    );
-    ev.kind |= (code as u32) << WAIT_CODE_SHIFT | throttled << THROTTLED_SHIFT;
-    out.push(&ev);
+    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE);
+    (code as u32) << WAIT_CODE_SHIFT | throttled << THROTTLED_SHIFT
 }
 
 /// A target thread was woken (or, with `new`, woken for the first time after creation), and
@@ -966,7 +984,7 @@ pub fn on_wakeup(
     t.wakeups += 1;
     enter(t, ThreadState::Runnable, now);
     t.wait_cpu = cpu;
-    t.throttled_at_wait = throttled_ns(task);
+    note_throttle_base(t, task);
     waiter_add(cpu, now);
     // The waker `sched_waking` noted, if it did (not before it is attached, after this
     // program): the blocked interval just closed goes to it.

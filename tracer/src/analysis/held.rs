@@ -77,6 +77,9 @@ pub struct LockWait {
     pub holders: Vec<(u32, f64)>,
     /// A single wait, ended by its holder, longer than `GIL_WAIT_MAX_NS`.
     pub long: bool,
+    /// The holder ended it (a sibling's futex wakeup), rather than a timeout while the holders
+    /// ran: what the holder went through meanwhile can be followed (handoff.rs).
+    pub by_holder: bool,
 }
 
 /// Per process of the set, its threads' on-CPU stretches and its runtime pauses; and who the
@@ -152,6 +155,7 @@ impl<'a> Held<'a> {
             return Some(LockWait {
                 holders: vec![(w.by, len)],
                 long: i.end_ns - i.start_ns > GIL_WAIT_MAX_NS,
+                by_holder: true,
             });
         }
         let ran = self.runs.get(&pid)?.during(i.start_ns, i.end_ns, tid);
@@ -166,6 +170,7 @@ impl<'a> Held<'a> {
                 .map(|(t, ns)| (t, len * ns as f64 / total as f64))
                 .collect(),
             long: false,
+            by_holder: false,
         })
     }
 }

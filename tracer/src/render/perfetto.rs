@@ -360,6 +360,8 @@ fn state_slice(w: &mut Writer, tid: u32, i: &timeline::Interval, names: &Names) 
                 Arg::Str("ran_before", &who),
                 Arg::Uint("ran_before_tid", prev as u64),
                 Arg::Str("wait", kind.name()),
+                // The part its cgroup's quota held it (0 where not throttled).
+                Arg::Uint("throttled_ns", i.throttled_ns),
             ];
             w.slice_with(thread_uuid(tid), span, "waiting for a CPU", &args)
         }

@@ -146,13 +146,14 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         format!("tail({})", r.tail.requests),
         "excess"
     );
-    // In `Breakdown::FIELDS` order.
-    let names = [
+    // In `Breakdown::FIELDS` order (one name each: the type says so).
+    let names: [&str; crate::analysis::requests::Breakdown::FIELDS.len()] = [
         "on CPU",
         "on CPU, queued",
         "run queue: others",
         "run queue: moved",
         "run queue: idle",
+        "run queue: quota",
         "GPU wait",
         "other blocked",
         "lock wait",

@@ -120,6 +120,15 @@ pub enum FormatError {
          read it with a newer tracer"
     )]
     Newer { found: u32, supported: u32 },
+    /// Version 0 was never written: the header is damaged.
+    #[error("its header names trace format 0, which no tracer writes: the file is damaged")]
+    NoVersion,
+    /// Header flags are reserved (every tracer so far writes 0): a reader that does not know
+    /// what a set one means cannot read the file right.
+    #[error(
+        "its header sets flags {0:#x}, which this tracer does not know: written by a newer          tracer (read it with that one), or damaged"
+    )]
+    UnknownFlags(u32),
     #[error("the file ends inside the header")]
     ShortHeader,
     #[error("I/O error: {0}")]
@@ -153,6 +162,13 @@ pub fn read_header(r: &mut impl Read) -> Result<u32, FormatError> {
             found: version,
             supported: FORMAT_VERSION,
         });
+    }
+    if version == 0 {
+        return Err(FormatError::NoVersion);
+    }
+    let flags = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+    if flags != 0 {
+        return Err(FormatError::UnknownFlags(flags));
     }
     Ok(version)
 }
@@ -289,5 +305,20 @@ mod tests {
             read_header(&mut &MAGIC[..4]),
             Err(FormatError::ShortHeader)
         ));
+        // Version 0, and flags no tracer writes.
+        let header = |version: u32, flags: u32| {
+            let mut h = MAGIC.to_vec();
+            h.extend_from_slice(&version.to_le_bytes());
+            h.extend_from_slice(&flags.to_le_bytes());
+            h
+        };
+        assert!(matches!(
+            read_header(&mut &header(0, 0)[..]),
+            Err(FormatError::NoVersion)
+        ));
+        let err = read_header(&mut &header(FORMAT_VERSION, 4)[..]).unwrap_err();
+        assert!(matches!(err, FormatError::UnknownFlags(4)), "{err}");
+        assert!(err.to_string().contains("0x4"), "{err}");
+        assert_eq!(read_header(&mut &header(1, 0)[..]).unwrap(), 1);
     }
 }

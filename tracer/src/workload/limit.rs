@@ -1,7 +1,7 @@
 //! A CPU bandwidth limit on the demo workload: a cgroup of its own under a quota (cpu.max on
 //! cgroup v2, cpu.cfs_quota_us on v1), removed again when dropped.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
@@ -37,6 +37,7 @@ impl CpuLimit {
                     .context("enabling the cpu controller for child cgroups")?;
             }
         }
+        sweep_stale(&root);
         let dir = root.join(format!("tracer-demo-{pid}"));
         std::fs::create_dir(&dir).with_context(|| {
             format!(
@@ -72,6 +73,28 @@ impl CpuLimit {
     }
 }
 
+/// Removes the cgroups earlier demos left behind (a demo killed before it could remove its
+/// own): those whose workload PID is gone. Removing a cgroup that still holds a process fails,
+/// so nothing running is touched.
+fn sweep_stale(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tracer-demo-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 impl Drop for CpuLimit {
     fn drop(&mut self) {
         // Whatever is still inside goes back to the root, then the cgroup goes.
@@ -87,5 +110,43 @@ impl Drop for CpuLimit {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         eprintln!("tracer: could not remove the cgroup {}", self.dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroups_of_gone_demos_are_swept_and_others_left() {
+        let root = std::env::temp_dir().join(format!("tracer-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        // A PID that was and is no more: a child that exited and was reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let alive = std::process::id();
+        for name in [
+            format!("tracer-demo-{gone}"),
+            format!("tracer-demo-{alive}"),
+            "tracer-demo-notapid".into(),
+            format!("other-{gone}"),
+        ] {
+            std::fs::create_dir(root.join(name)).unwrap();
+        }
+        sweep_stale(&root);
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut want = vec![
+            format!("other-{gone}"),
+            format!("tracer-demo-{alive}"),
+            "tracer-demo-notapid".to_string(),
+        ];
+        want.sort();
+        assert_eq!(left, want);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -145,7 +145,11 @@ pub(super) fn follow<'a>(
     if let Some(lock) = lock {
         // A timed wait's timeout has no holder to follow: it stays, held by the threads that
         // ran, by their time.
-        if let Some(h) = through_holder(waker, span, (q.lock_wait_ns, lock.long), views, ctx) {
+        if let Some(h) = lock
+            .by_holder
+            .then(|| through_holder(waker, span, (q.lock_wait_ns, lock.long), views, ctx))
+            .flatten()
+        {
             q.lock_wait_ns = 0.0;
             q.add_scaled(&h.parts, 1.0);
             return h.holders;

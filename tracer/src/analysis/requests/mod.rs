@@ -166,10 +166,14 @@ fn piece(
     match i.state {
         State::Runnable => {
             let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
-            // The throttled part of the wait, pro rata over the piece: where in the wait the
-            // throttle fell is not known, only how long it was.
+            // The throttled part of a wait behind other tasks, pro rata over the piece: where
+            // in the wait the throttle fell is not known, only how long it was. (A wait on an
+            // idle CPU stays idle-CPU time, judged by the cgroup's counters.)
             let whole = (i.end_ns - i.start_ns).max(1) as f64;
-            let throttled = (ov * i.throttled_ns as f64 / whole).min(ov - idle);
+            let throttled = match i.wait.map(|w| w.0) {
+                Some(WaitKind::Contention) => (ov * i.throttled_ns as f64 / whole).min(ov - idle),
+                _ => 0.0,
+            };
             p.runq_idle_cpu_ns += idle;
             p.runq_throttled_ns += throttled;
             let rest = ov - idle - throttled;
@@ -251,8 +255,12 @@ fn decompose<'a>(
         }
         p.add_scaled(&q, rest);
         if i.state == State::Runnable {
-            let waited = (q.runq_contention_ns * rest, q.runq_throttled_ns * rest);
-            quota.on_wait(&mut p, (is, ie), waited);
+            // Any throttle ends the period's contention, on an idle CPU too.
+            quota.on_wait(
+                &mut p,
+                (is, ie),
+                (q.runq_contention_ns * rest, i.throttled_ns > 0),
+            );
         }
     }
     rank_holders(&mut holders);

@@ -19,7 +19,9 @@ pub struct Breakdown {
     /// slow wakeup).
     pub runq_idle_cpu_ns: f64,
     /// Waiting for a CPU while the thread's cgroup was throttled (its CPU quota spent) and
-    /// other tasks ran: the kernel's throttled-time count said so (`WaitKind::Throttled`).
+    /// other tasks ran (the kernel's throttled-time count of the thread's group queue says how
+    /// much of a wait), and waits behind other tasks that a throttle later in the same period
+    /// made up for (quota.rs).
     pub runq_throttled_ns: f64,
     /// Inside a synchronizing CUDA call (waiting for the GPU), on or off the CPU.
     pub cuda_sync_ns: f64,

@@ -40,15 +40,16 @@ impl QuotaShift {
         }
     }
 
-    /// A run-queue piece ending at `end` added `contention` ns and `throttled` ns to `p`: a
-    /// throttled one moves the contention of the same period before it to the quota.
+    /// A run-queue piece `[start, end)` added `contention` ns to `p`; `throttled`: its wait
+    /// was throttled in part. A throttled one moves the contention of the same period before
+    /// it to the quota.
     pub(super) fn on_wait(
         &mut self,
         p: &mut Breakdown,
         (start, end): (u64, u64),
-        (contention, throttled): (f64, f64),
+        (contention, throttled): (f64, bool),
     ) {
-        if throttled > 0.0 {
+        if throttled {
             let from = start.saturating_sub(self.period_ns);
             let moved: f64 = self
                 .pending
@@ -79,17 +80,17 @@ mod tests {
         let mut q = QuotaShift::new(100 * MS);
         // 5 ms behind another task at 10 ms, then (still in the period) throttled at 50 ms.
         p.runq_contention_ns += 5e6;
-        q.on_wait(&mut p, (10 * MS, 15 * MS), (5e6, 0.0));
+        q.on_wait(&mut p, (10 * MS, 15 * MS), (5e6, false));
         p.runq_throttled_ns += 40e6;
-        q.on_wait(&mut p, (50 * MS, 90 * MS), (0.0, 40e6));
+        q.on_wait(&mut p, (50 * MS, 90 * MS), (0.0, true));
         assert_eq!((p.runq_contention_ns, p.runq_throttled_ns), (0.0, 45e6));
         // After the throttle, a wait behind another task that no throttle follows stays.
         p.runq_contention_ns += 3e6;
-        q.on_wait(&mut p, (95 * MS, 98 * MS), (3e6, 0.0));
+        q.on_wait(&mut p, (95 * MS, 98 * MS), (3e6, false));
         assert_eq!((p.runq_contention_ns, p.runq_throttled_ns), (3e6, 45e6));
         // A throttle more than a period after a wait leaves that wait alone.
         p.runq_throttled_ns += 10e6;
-        q.on_wait(&mut p, (300 * MS, 310 * MS), (0.0, 10e6));
+        q.on_wait(&mut p, (300 * MS, 310 * MS), (0.0, true));
         assert_eq!((p.runq_contention_ns, p.runq_throttled_ns), (3e6, 55e6));
     }
 }

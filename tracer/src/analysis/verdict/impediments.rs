@@ -81,8 +81,11 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
     // Waits after a forced move are charged to whoever ran on the new CPU; they count as
     // migrations, not contention. Waits the cgroup's quota held while other tasks ran are
     // charged to those tasks; they count as throttling.
-    let throttled_wait_ns = c.throttled_ns as f64 * scale;
-    let contention_ns = (contention_ns - migration_wait_ns - throttled_wait_ns).max(0.0);
+    // (Of what the kernel charged to other tasks, not to the idle task: a throttled wait's
+    // idle stretches are already in `idle_ns`.)
+    let charged = (contention_ns - migration_wait_ns).max(0.0);
+    let throttled_wait_ns = (c.throttled_ns as f64 * scale).min(charged);
+    let contention_ns = charged - throttled_wait_ns;
     let mut lost: Vec<Lost> = Vec::new();
 
     if contention_ns / wanted >= CONTENTION_MIN {

@@ -359,7 +359,9 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
             sinks.windows
         );
     }
-    sinks.out.finish()
+    let written = sinks.out.finish();
+    let exported = sinks.otlp.take().map(otlp::Otlp::finish).transpose();
+    written.and(exported).map(|_| ())
 }
 
 /// While a cut window's last records arrive: the signals still act; one that ends the run

@@ -55,8 +55,9 @@ pub fn wakeup_clock_note(rq_clock: bool) -> &'static str {
 }
 
 /// A `cfs_rq`'s own count of its throttled time: `throttled_clock_self_time` (Linux 6.6+, run
-/// queue clock ns) or, before, `throttled_clock_pelt_time` (the PELT clock, which runs slower
-/// than real time on a CPU below its top frequency where the kernel scales for frequency).
+/// queue clock ns) or, before, `throttled_clock_pelt_time` (`throttled_clock_task_time` before
+/// 5.19; the PELT or task clock, which can run slower than real time: below a CPU's top
+/// frequency where the kernel scales for frequency, or without IRQ time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottledField {
     pub offset: u32,
@@ -70,7 +71,7 @@ pub fn throttle_note(f: Option<ThrottledField>) -> &'static str {
             "throttled waits from cfs_rq.throttled_clock_self_time"
         }
         Some(_) => {
-            "throttled waits from cfs_rq.throttled_clock_pelt_time (Linux < 6.6: the PELT clock, which can run slower than real time, so a throttled wait may read as contention)"
+            "throttled waits from cfs_rq's PELT-clock throttled time (Linux < 6.6: a clock that can run slower than real time, so part of a throttled wait may read as contention)"
         }
         None => {
             "throttled waits not told apart (no CFS bandwidth control in this kernel's BTF): a wait behind a cgroup's spent quota reads as contention when other tasks ran, as idle-CPU latency when none did"
@@ -117,10 +118,13 @@ impl TaskOffsets {
                     exact: true,
                 })
                 .or_else(|| {
-                    at("throttled_clock_pelt_time").map(|offset| ThrottledField {
-                        offset,
-                        exact: false,
-                    })
+                    // Named throttled_clock_task_time before Linux 5.19.
+                    at("throttled_clock_pelt_time")
+                        .or_else(|| at("throttled_clock_task_time"))
+                        .map(|offset| ThrottledField {
+                            offset,
+                            exact: false,
+                        })
                 })
         })()
         .filter(|_| rq_clock.is_some());

@@ -397,7 +397,16 @@ impl SchedProbes {
                     layout::throttle_note(throttled.filter(|_| config.cfs_rq_throttled_off != 0))
                 ),
             },
-            None => layout::btf_capability(&btf_path),
+            None => {
+                let mut c = layout::btf_capability(&btf_path);
+                if mode == ProbeMode::Classic {
+                    c.reason.push_str(
+                        "; the classic tracepoints in use pass no task, so throttled waits are \
+                         not told apart",
+                    );
+                }
+                c
+            }
         };
         let mut btf_capability = btf_capability;
         if switch_program == SWITCH_PROGRAMS[1] {

@@ -73,7 +73,10 @@ type Shared = Arc<(Mutex<Pending>, Condvar)>;
 
 pub struct Otlp {
     shared: Shared,
-    thread: Option<JoinHandle<()>>,
+    /// The sender; it returns how many requests the collector took.
+    thread: Option<JoinHandle<u64>>,
+    /// The collector's base URL, for the end's message.
+    base: String,
     /// What it watches, for the resource.
     target: String,
     /// The resource, from the first window (its host's name).
@@ -132,12 +135,14 @@ impl Otlp {
         let base = check_endpoint(endpoint)?;
         let shared: Shared = Arc::default();
         let s = Arc::clone(&shared);
+        let b = base.clone();
         let thread = std::thread::Builder::new()
             .name("tracer-otlp".into())
-            .spawn(move || post_all(&base, &s))?;
+            .spawn(move || post_all(&b, &s))?;
         Ok(Self {
             shared,
             thread: Some(thread),
+            base,
             target: target(targets),
             attributes: Attributes::new(),
             start_ns: 0,
@@ -171,15 +176,36 @@ impl Otlp {
     }
 }
 
-impl Drop for Otlp {
-    /// The latest metrics and the spans left are still sent (within `FLUSH`).
-    fn drop(&mut self) {
+impl Otlp {
+    /// Sends the latest metrics and the spans left (within `FLUSH`), then says whether the
+    /// export reached the collector at all: a watch whose every request failed exported
+    /// nothing, which is an error (its windows went to their other sinks all the same).
+    pub fn finish(mut self) -> Result<()> {
+        let taken = self.close();
+        if self.windows > 0 && taken == Some(0) {
+            anyhow::bail!(
+                "OTLP: {} took none of the requests of the watch's {} windows, so nothing was                  exported: check that an OTLP/HTTP collector listens there",
+                self.base,
+                self.windows
+            );
+        }
+        Ok(())
+    }
+
+    /// Ends the sender; how many requests the collector took (None: already ended, or the
+    /// sender died).
+    fn close(&mut self) -> Option<u64> {
         let (lock, wake) = &*self.shared;
         lock.lock().expect("not poisoned").closing = Some(Instant::now() + FLUSH);
         wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+impl Drop for Otlp {
+    /// The latest metrics and the spans left are still sent (within `FLUSH`).
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -205,6 +231,8 @@ struct Sender {
     /// The last refusal or partial success said, per path: one that repeats every window is
     /// said once.
     said: [Option<String>; 2],
+    /// Requests the collector took.
+    taken: u64,
 }
 
 impl Sender {
@@ -222,6 +250,7 @@ impl Sender {
         }
         match answer {
             Answer::Taken(partial) => {
+                self.taken += 1;
                 match partial {
                     Some(p) => self.say(path, format!("tracer: OTLP: {url} {p}")),
                     None => self.said[path as usize] = None,
@@ -356,7 +385,7 @@ fn next(
     Some((next.0, next.1, p.closing))
 }
 
-fn post_all(base: &str, shared: &Shared) {
+fn post_all(base: &str, shared: &Shared) -> u64 {
     let mut s = Sender {
         agent: post::agent(),
         base: base.to_string(),
@@ -364,6 +393,7 @@ fn post_all(base: &str, shared: &Shared) {
         hold: None,
         failing: false,
         said: [None, None],
+        taken: 0,
     };
     let mut unsent = Unsent::default();
     while let Some((path, body, end)) = next(&s, shared, &mut unsent) {
@@ -394,6 +424,7 @@ fn post_all(base: &str, shared: &Shared) {
             Path::Traces => p.push_span(body, true),
         }
     }
+    s.taken
 }
 
 /// What the watch follows, in words: `cgroup PATH` or `PID N (COMM)`.
