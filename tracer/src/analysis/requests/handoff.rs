@@ -195,6 +195,28 @@ mod tests {
         }
     }
 
+    /// Thread 11's timeline `w`, the only one there is.
+    fn only_11<'a>(w: &'a [Interval]) -> impl Fn(u32) -> Option<ThreadView<'a>> {
+        move |tid| {
+            (tid == 11).then_some(ThreadView {
+                intervals: w,
+                syncs: &[],
+                migrations: &[],
+                slices: &[],
+            })
+        }
+    }
+
+    /// Thread 11 of process `pid`, as the waker of a thread of the same process.
+    fn thread_11(pid: u32, comm: &str) -> WakerRef {
+        WakerRef {
+            tid: 11,
+            pid,
+            comm: comm.into(),
+            kind: WakerKind::SameProcess,
+        }
+    }
+
     #[test]
     fn a_wait_for_a_preempted_sibling_is_its_run_queue_wait() {
         // Thread 10 blocks for 10 ms until thread 11 wakes it; meanwhile 11 waited 6 ms for a
@@ -207,20 +229,8 @@ mod tests {
         let rec = recording(vec![], vec![]);
         let held = Held::build(&rec, &BTreeMap::new());
         let stalls = Stalls::build(&BTreeMap::new());
-        let view = |tid: u32| {
-            (tid == 11).then_some(ThreadView {
-                intervals: &w,
-                syncs: &[],
-                migrations: &[],
-                slices: &[],
-            })
-        };
-        let sibling = WakerRef {
-            tid: 11,
-            pid: 10,
-            comm: "engine".into(),
-            kind: WakerKind::SameProcess,
-        };
+        let view = only_11(&w);
+        let sibling = thread_11(10, "engine");
         let h = through_waker(
             Some(&sibling),
             (10, 0, 10 * MS),
@@ -266,20 +276,8 @@ mod tests {
         let rec = recording(vec![], vec![]);
         let held = Held::build(&rec, &BTreeMap::new());
         let stalls = Stalls::build(&BTreeMap::new());
-        let view = |tid: u32| {
-            (tid == 11).then_some(ThreadView {
-                intervals: &w,
-                syncs: &[],
-                migrations: &[],
-                slices: &[],
-            })
-        };
-        let holder = WakerRef {
-            tid: 11,
-            pid: 10,
-            comm: "producer".into(),
-            kind: WakerKind::SameProcess,
-        };
+        let view = only_11(&w);
+        let holder = thread_11(10, "producer");
         let h = through_holder(
             Some(&holder),
             (10, 0, 10 * MS),
@@ -333,20 +331,8 @@ mod tests {
         );
         let held = Held::build(&rec, &BTreeMap::new());
         let stalls = Stalls::build(&BTreeMap::new());
-        let view = |tid: u32| {
-            (tid == 11).then_some(ThreadView {
-                intervals: &w,
-                syncs: &[],
-                migrations: &[],
-                slices: &[],
-            })
-        };
-        let engine = WakerRef {
-            tid: 11,
-            pid: 100,
-            comm: "engine".into(),
-            kind: WakerKind::SameProcess,
-        };
+        let view = only_11(&w);
+        let engine = thread_11(100, "engine");
         let h = through_waker(
             Some(&engine),
             (10, 0, 10 * MS),

@@ -65,31 +65,11 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         per(tail.mean.runq_idle_cpu_ns, median.mean.runq_idle_cpu_ns) + &via(q.runq_idle_cpu_ns);
     let held =
         per(tail.mean.runq_throttled_ns, median.mean.runq_throttled_ns) + &via(q.runq_throttled_ns);
-    out.push(Cause::new(
-        Mechanism::CgroupThrottling,
-        share(ex.runq_throttled_ns)
-            + if throttled(s) {
-                share(ex.runq_idle_cpu_ns)
-            } else {
-                0.0
-            },
-        format!(
-            "runnable while the cgroup was throttled and other tasks ran: {held}{}; {}",
-            if throttled(s) {
-                format!("; runnable with the CPU idle: {idle}")
-            } else {
-                String::new()
-            },
-            throttle_evidence(s)
-        ),
+    out.extend(quota_causes(
+        s,
+        (share(ex.runq_throttled_ns), share(ex.runq_idle_cpu_ns)),
+        (&held, &idle),
     ));
-    if !throttled(s) {
-        out.push(Cause::new(
-            Mechanism::IdleCpuWakeup,
-            share(ex.runq_idle_cpu_ns),
-            format!("runnable with the CPU idle: {idle}; no cgroup throttling seen"),
-        ));
-    }
 
     // Migrations: the waits after moves, and the extra on-CPU time when the tail moved more.
     let extra_moves = tail.migrations_mean - median.migrations_mean;
@@ -265,4 +245,35 @@ fn unseen_pauses(s: &Summary) -> String {
         ),
         None => String::new(),
     }
+}
+
+/// Cgroup throttling (the waits its quota held, and the idle-CPU waits where the cgroup was
+/// throttled) and, where it was not, idle CPUs' wakeup latency: from their `shares` of the
+/// excess and their figures in words.
+fn quota_causes(
+    s: &Summary,
+    (held_share, idle_share): (f64, f64),
+    (held, idle): (&str, &str),
+) -> Vec<Cause> {
+    let mut out = vec![Cause::new(
+        Mechanism::CgroupThrottling,
+        held_share + if throttled(s) { idle_share } else { 0.0 },
+        format!(
+            "runnable while the cgroup was throttled and other tasks ran: {held}{}; {}",
+            if throttled(s) {
+                format!("; runnable with the CPU idle: {idle}")
+            } else {
+                String::new()
+            },
+            throttle_evidence(s)
+        ),
+    )];
+    if !throttled(s) {
+        out.push(Cause::new(
+            Mechanism::IdleCpuWakeup,
+            idle_share,
+            format!("runnable with the CPU idle: {idle}; no cgroup throttling seen"),
+        ));
+    }
+    out
 }
