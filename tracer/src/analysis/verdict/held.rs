@@ -234,8 +234,8 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
     Some((lost, cause))
 }
 
-/// A GPU-using thread on its CPU most of the window outside CUDA waits, launching kernels,
-/// while its GPU was partly idle: the host paces the GPU. A thread spinning inside a
+/// A GPU-using thread on its CPU most of the window (or of the requests it served) outside
+/// CUDA waits, launching kernels, while its GPU was partly idle: the host paces the GPU. A thread spinning inside a
 /// synchronizing call is waiting for the GPU, not pacing it: its time in those calls is taken
 /// off its on-CPU time first.
 fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
@@ -254,7 +254,27 @@ fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
             (c.launches as f64 / secs >= LAUNCH_RATE_MIN).then_some((t, outside))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    // A server idles between requests: where the thread serves requests, its share of their
+    // time counts too (the median requests', on a CPU outside synchronizing calls).
+    let served = s
+        .requests
+        .as_ref()
+        .filter(|r| r.requests > 0 && r.slowest.iter().any(|d| d.tid == t.tid))
+        .map(|r| {
+            let m = &r.median;
+            (m.mean.oncpu_ns + m.mean.queued_oncpu_ns) / m.wall_ns_mean.max(1.0)
+        });
     let share = outside / window;
+    let (share, of) = match served {
+        Some(x) if x > share => (
+            x,
+            format!(
+                "of its requests' time ({} of the window)",
+                pct(outside / window, "")
+            ),
+        ),
+        _ => (share, "of the window".to_string()),
+    };
     if share < HOST_ONCPU_MIN {
         return None;
     }
@@ -270,7 +290,7 @@ fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
             },
             0.0,
             format!(
-                "thread {} ({}) was on a CPU {} of the window outside synchronizing CUDA calls \
+                "thread {} ({}) was on a CPU {} {of} outside synchronizing CUDA calls \
                  and launched {launches:.0} kernels a second, while its GPU was {util:.0}% busy: \
                  the GPU waited for the host between steps",
                 t.tid,

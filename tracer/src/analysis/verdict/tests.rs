@@ -790,6 +790,34 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
     assert_eq!(verdict(&rec).primary, Primary::GpuSaturation);
 }
 
+#[test]
+fn a_server_on_its_cpu_through_every_request_while_the_gpu_idles_is_host_bound() {
+    // Requests of 1 ms on a CPU launching kernels, 2 ms apart: on a CPU a third of the window
+    // but all of each request, the GPU 20 % busy.
+    let mut s = Server::new();
+    s.serve(200, 20, &NORMAL, &NORMAL);
+    let mut rec = s.finish(vec![]);
+    let t = rec.threads.iter_mut().find(|t| t.tid == TID).unwrap();
+    t.cuda = Some(CudaTotals {
+        launches: 100_000,
+        sync_calls: 10,
+        sync_ns: 10_000,
+        sync_max_ns: 1_000,
+        ..Default::default()
+    });
+    with_gpu(&mut rec, 20.0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::HostBound, "{v:?}");
+    assert!(
+        v.causes[0].evidence.contains("of its requests' time"),
+        "{}",
+        v.causes[0].evidence
+    );
+    // Without the requests, a third of the window is not "most of it".
+    rec.requests = None;
+    assert_eq!(verdict(&rec).primary, Primary::None);
+}
+
 fn member(pid: u32, ppid: u32, title: &str, given: bool) -> crate::recording::ProcessRecord {
     crate::recording::ProcessRecord {
         pid,
