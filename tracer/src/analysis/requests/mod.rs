@@ -16,8 +16,8 @@ mod quota;
 mod stalls;
 
 use context::Context;
-pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef};
-use parts::{add_blocked, add_holder, add_queued, rank_blocked, rank_holders, rank_queued};
+pub use parts::{BlockedBy, Breakdown, HolderTime, QueuedBy, RequestRef, add_holder};
+use parts::{add_blocked, add_queued, rank_blocked, rank_holders, rank_queued};
 use stalls::Stalls;
 
 use super::held::Held;

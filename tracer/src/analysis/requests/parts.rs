@@ -145,7 +145,7 @@ impl HolderTime {
 }
 
 /// Adds `h` to its thread's entry.
-pub(super) fn add_holder(v: &mut Vec<HolderTime>, h: HolderTime) {
+pub fn add_holder(v: &mut Vec<HolderTime>, h: HolderTime) {
     match v.iter_mut().find(|x| x.tid == h.tid) {
         Some(x) => {
             x.ns += h.ns;

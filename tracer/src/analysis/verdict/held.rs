@@ -11,7 +11,7 @@ use super::{
 use crate::{
     analysis::{
         held::GIL_WAIT_MAX_NS,
-        requests::{HolderTime, RequestAnalysis},
+        requests::{HolderTime, RequestAnalysis, add_holder},
         summary::Summary,
         wakers::WakerKind,
     },
@@ -179,16 +179,8 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
     let busy = |tid: u32| oncpu_share(s, tid).unwrap_or(0.0);
     let mut lost = 0.0;
     let mut by: Vec<HolderTime> = Vec::new();
-    let mut add = |tid: u32, ns: f64, long: bool| {
-        let h = HolderTime::of(tid, ns, long);
-        match by.iter_mut().find(|x| x.tid == tid) {
-            Some(x) => {
-                x.ns += h.ns;
-                x.long_ns += h.long_ns;
-            }
-            None => by.push(h),
-        }
-    };
+    let mut add =
+        |tid: u32, ns: f64, long: bool| add_holder(&mut by, HolderTime::of(tid, ns, long));
     for p in s
         .held_up_by
         .iter()
@@ -235,9 +227,9 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
 }
 
 /// A GPU-using thread on its CPU most of the window (or of the requests it served) outside
-/// CUDA waits, launching kernels, while its GPU was partly idle: the host paces the GPU. A thread spinning inside a
-/// synchronizing call is waiting for the GPU, not pacing it: its time in those calls is taken
-/// off its on-CPU time first.
+/// CUDA waits, launching kernels, while its GPU was partly idle: the host paces the GPU. A
+/// thread spinning inside a synchronizing call is waiting for the GPU, not pacing it: its time
+/// in those calls is taken off its on-CPU time first.
 fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
     let util = target_gpu_util(s)?;
     if util >= GPU_BUSY_PCT {
