@@ -231,6 +231,31 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
 /// thread spinning inside a synchronizing call is waiting for the GPU, not pacing it: its time
 /// in those calls is taken off its on-CPU time first.
 fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
+    pacer(s).map(|(_, ns, c)| (ns, c))
+}
+
+/// The tail's longer on-CPU time, where most of the slowest requests ran on the thread that
+/// paces its GPU (`host_bound`): that time is the launch path the GPU waited for, and the fix
+/// (CUDA graphs, fewer and larger kernels, less Python per step) is the host-bound one, not a
+/// cache or a clock. `oncpu`: the tail's on-CPU time against the median's, in words.
+pub fn host_bound_tail(s: &Summary, r: &RequestAnalysis, share: f64, oncpu: &str) -> Option<Cause> {
+    let (tid, _, c) = pacer(s)?;
+    let on = r.slowest.iter().filter(|d| d.tid == tid).count();
+    (2 * on > r.slowest.len()).then(|| Cause {
+        share,
+        evidence: format!(
+            "on-CPU time {oncpu}, in the thread that paces its GPU ({on} of the {} slowest \
+             requests): {}",
+            r.slowest.len(),
+            c.evidence
+        ),
+        ..c
+    })
+}
+
+/// The thread pacing its GPU, if any: (its tid, the GPU's idle share of its outside time in
+/// ns, the cause).
+fn pacer(s: &Summary) -> Option<(u32, f64, Cause)> {
     let util = target_gpu_util(s)?;
     if util >= GPU_BUSY_PCT {
         return None;
@@ -257,15 +282,16 @@ fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
             (m.mean.oncpu_ns + m.mean.queued_oncpu_ns) / m.wall_ns_mean.max(1.0)
         });
     let share = outside / window;
-    let (share, of) = match served {
+    let (share, of_requests, of) = match served {
         Some(x) if x > share => (
             x,
+            true,
             format!(
                 "of its requests' time ({} of the window)",
                 pct(outside / window, "")
             ),
         ),
-        _ => (share, "of the window".to_string()),
+        _ => (share, false, "of the window".to_string()),
     };
     if share < HOST_ONCPU_MIN {
         return None;
@@ -273,10 +299,12 @@ fn host_bound(s: &Summary) -> Option<(f64, Cause)> {
     let launches = t.cuda.as_ref().map_or(0, |c| c.launches) as f64 / secs;
     let idle = 100.0 - util;
     Some((
+        t.tid,
         outside * idle / 100.0,
         Cause::new(
             Mechanism::LaunchOverhead {
                 oncpu_share: share,
+                oncpu_of_requests: of_requests,
                 launches_per_s: launches,
                 gpu_idle_pct: idle,
             },

@@ -99,7 +99,10 @@ pub enum Mechanism {
     /// A GPU-using thread on its CPU most of the window outside synchronizing CUDA calls,
     /// launching kernels, while its GPU was partly idle.
     LaunchOverhead {
+        /// Of the median request's time where the thread serves requests and that is the
+        /// larger (`oncpu_of_requests`), else of the window.
         oncpu_share: f64,
+        oncpu_of_requests: bool,
         launches_per_s: f64,
         gpu_idle_pct: f64,
     },
@@ -462,14 +465,20 @@ impl fmt::Display for Mechanism {
             ),
             Self::LaunchOverhead {
                 oncpu_share,
+                oncpu_of_requests,
                 launches_per_s,
                 gpu_idle_pct,
             } => write!(
                 f,
-                "kernel-launch/Python overhead: the serving thread on its CPU {} of the window \
+                "kernel-launch/Python overhead: the serving thread on its CPU {} of {} \
                  outside CUDA waits, {launches_per_s:.0} launches/s, the GPU idle \
                  {gpu_idle_pct:.0}% of the time",
-                crate::units::pct(*oncpu_share)
+                crate::units::pct(*oncpu_share),
+                if *oncpu_of_requests {
+                    "its requests' time"
+                } else {
+                    "the window"
+                }
             ),
             Self::ClockThrottle { policies } => {
                 write!(f, "GPU clocks held down")?;

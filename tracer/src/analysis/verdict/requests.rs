@@ -124,11 +124,17 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
             ),
         ),
     };
-    out.push(Cause::new(
-        mechanism,
-        share(ex.oncpu_ns - moved_oncpu),
-        evidence + &via(q.oncpu_ns) + &steal_note(s, r),
-    ));
+    let longer = share(ex.oncpu_ns - moved_oncpu);
+    // Not cache misses: a thread pacing its GPU makes it host work (held.rs).
+    let c = match mechanism {
+        Mechanism::LlcMisses => None,
+        _ => super::held::host_bound_tail(s, r, longer, &oncpu),
+    }
+    .unwrap_or_else(|| Cause::new(mechanism, longer, evidence));
+    out.push(Cause {
+        evidence: c.evidence + &via(q.oncpu_ns) + &steal_note(s, r),
+        ..c
+    });
 
     let gpu = gpu_mechanism(
         s,

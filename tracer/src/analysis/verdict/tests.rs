@@ -813,9 +813,50 @@ fn a_server_on_its_cpu_through_every_request_while_the_gpu_idles_is_host_bound()
         "{}",
         v.causes[0].evidence
     );
+    assert!(
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .contains("of its requests' time outside"),
+        "{}",
+        v.causes[0].mechanism
+    );
     // Without the requests, a third of the window is not "most of it".
     rec.requests = None;
     assert_eq!(verdict(&rec).primary, Primary::None);
+}
+
+#[test]
+fn a_tail_of_longer_on_cpu_time_in_a_thread_pacing_its_gpu_is_host_bound() {
+    // Every fifth request runs 3 ms on its CPU instead of 1 ms: with no thread pacing a GPU the
+    // extra time is unexplained; in a thread launching kernels through its requests while the
+    // GPU idles, it is the host work the GPU waits for.
+    let mut s = Server::new();
+    s.serve(200, 5, &NORMAL, &[Run(3 * MS)]);
+    let mut rec = s.finish(vec![]);
+    assert_eq!(verdict(&rec).primary, Primary::Unexplained);
+    rec.threads.iter_mut().find(|t| t.tid == TID).unwrap().cuda = Some(CudaTotals {
+        launches: 100_000,
+        sync_calls: 10,
+        sync_ns: 10_000,
+        sync_max_ns: 1_000,
+        ..Default::default()
+    });
+    with_gpu(&mut rec, 20.0);
+    let v = verdict(&rec);
+    assert_eq!(
+        (v.primary, v.basis),
+        (Primary::HostBound, Basis::TailExcess),
+        "{v:?}"
+    );
+    assert!(
+        v.causes[0].evidence.contains("paces its GPU"),
+        "{}",
+        v.causes[0].evidence
+    );
+    // A busy GPU is not paced by the host: the extra time stays unexplained.
+    with_gpu(&mut rec, 95.0);
+    assert_eq!(verdict(&rec).primary, Primary::Unexplained);
 }
 
 fn member(pid: u32, ppid: u32, title: &str, given: bool) -> crate::recording::ProcessRecord {
