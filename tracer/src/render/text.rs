@@ -41,6 +41,21 @@ pub fn render(r: &Report) -> String {
     let s = &r.summary;
     let mut out = String::new();
     super::verdict::render(r, &mut out);
+    header(&mut out, s);
+    cgroups(&mut out, s);
+    notes(&mut out, s);
+    threads(&mut out, s);
+    counters(&mut out, s);
+    gpu(&mut out, s);
+    super::ranks::ranks(&mut out, s);
+
+    preemptors(&mut out, s);
+    super::held_up::held_up(&mut out, s);
+    out
+}
+
+/// What was recorded, how, and the target's totals.
+fn header(out: &mut String, s: &Summary) {
     let t = &s.totals;
     let probes = match s.probe_mode {
         ProbeMode::TpBtf => "tp_btf probes",
@@ -84,7 +99,7 @@ pub fn render(r: &Report) -> String {
         "  threads: {} ({} created, {} exited during the recording)",
         t.threads, t.threads_created, t.threads_exited
     );
-    processes(&mut out, s);
+    processes(out, s);
     let _ = writeln!(
         out,
         "  on-CPU {}  run-queue wait {} ({} of the time the threads wanted a CPU)  blocked {}",
@@ -118,6 +133,10 @@ pub fn render(r: &Report) -> String {
         t.migrations_cross_llc,
         t.migrations_cross_numa
     );
+}
+
+/// Each cgroup of the members, with its quota and throttling.
+fn cgroups(out: &mut String, s: &Summary) {
     // Each cgroup of the members (files from before process trees list only the target's).
     let cgroups: Vec<_> = if s.cgroups.is_empty() {
         s.cgroup.iter().collect()
@@ -154,6 +173,10 @@ pub fn render(r: &Report) -> String {
             dur(c.throttled_ns)
         );
     }
+}
+
+/// The tracer's own cost, and every warning about what the recording may lack.
+fn notes(out: &mut String, s: &Summary) {
     if let Some(c) = &s.tracer_cost {
         let _ = writeln!(
             out,
@@ -219,7 +242,10 @@ pub fn render(r: &Report) -> String {
     if let Some(reason) = &s.probe_fallback_reason {
         let _ = writeln!(out, "  note: classic tracepoints were used: {reason}");
     }
+}
 
+/// The threads table: the busiest by run-queue wait, grouped by process in a service.
+fn threads(out: &mut String, s: &Summary) {
     // Threads that neither ran nor switched are a worker pool's idle members: counted, not
     // listed.
     let active: Vec<_> = s
@@ -299,17 +325,8 @@ pub fn render(r: &Report) -> String {
             "  ({idle} threads blocked the whole time, not listed; --json lists them)"
         );
     }
-
-    counters(&mut out, s);
-    gpu(&mut out, s);
-    super::ranks::ranks(&mut out, s);
-
-    preemptors(&mut out, s);
-    super::held_up::held_up(&mut out, s);
-    out
 }
 
-/// What ran while the target's threads waited, grouped into neighbours.
 fn preemptors(out: &mut String, s: &Summary) {
     if s.preemptors.is_empty() && s.incomplete.is_some() {
         // They are counted in the kernel and arrive in the final frame, which this file lacks.

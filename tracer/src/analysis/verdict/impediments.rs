@@ -32,23 +32,144 @@ pub const MPKI_ELEVATED_BINS_MIN: f64 = 0.10;
 /// A thread counts as busy at 5 % on-CPU over the window.
 const BUSY_SHARE: f64 = 0.05;
 
-struct Lost {
-    cause: Cause,
-    ns: f64,
+pub fn causes(s: &Summary) -> Vec<Cause> {
+    let w = Waits::of(s);
+    let mut lost = scheduling(s, &w);
+    lost.extend(gpu_wait(s));
+    lost.extend(
+        cache_loss(s).map(|(ns, evidence)| (ns, Cause::new(Mechanism::LlcMisses, 0.0, evidence))),
+    );
+    lost.extend(super::held::window_causes(s, w.wanted));
+    let total: f64 = lost.iter().map(|l| l.0).sum::<f64>().max(1.0);
+    lost.into_iter()
+        .map(|(ns, cause)| Cause {
+            share: ns / total,
+            attributed_ns: ns,
+            ..cause
+        })
+        .collect()
 }
 
-pub fn causes(s: &Summary) -> Vec<Cause> {
+/// The threads' run-queue wait over the window, split by what held them (ns).
+struct Waits {
+    /// On a CPU or waiting for one: the time the threads wanted a CPU.
+    wanted: f64,
+    /// Behind other tasks, the quota's and the moves' waits taken out.
+    contention_ns: f64,
+    /// Held by the cgroup's quota while other tasks ran.
+    throttled_ns: f64,
+    /// With the CPU idle.
+    idle_ns: f64,
+    /// After forced moves, and behind the migration stopper.
+    migration_ns: f64,
+    stopper_ns: f64,
+}
+
+impl Waits {
+    fn of(s: &Summary) -> Self {
+        let t = &s.totals;
+        let c: &WaitClasses = &t.wait_classes;
+        let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns + c.throttled_ns) as f64;
+        // The wait classes come from the timeline; the kernel's total is exact even if events
+        // were lost, so they are scaled to it.
+        let scale = if classified > 0.0 {
+            t.time.runq_wait_ns as f64 / classified
+        } else {
+            0.0
+        };
+        // Who held the CPU while the threads waited, integrated by the kernel per CPU: the idle
+        // task (the CPU was free but the thread could not run: throttling, or a slow wakeup),
+        // the migration stopper (the cost of forced moves), or other tasks (contention).
+        let share_of = |f: &dyn Fn(&crate::analysis::summary::PreemptorProcess) -> bool| -> f64 {
+            s.preemptor_processes
+                .iter()
+                .filter(|p| f(p))
+                .map(|p| p.wait_share)
+                .sum()
+        };
+        let idle_share = share_of(&|p| p.tgid == 0);
+        let stopper_share = share_of(&|p| is_migration_stopper(&p.comm));
+        let runq = t.time.runq_wait_ns as f64;
+        let others = if s.preemptor_processes.is_empty() {
+            runq
+        } else {
+            runq * (1.0 - idle_share - stopper_share)
+        };
+        let migration_ns = c.migration_ns as f64 * scale;
+        // Waits after a forced move are charged to whoever ran on the new CPU; they count as
+        // migrations, not contention. Waits the cgroup's quota held while other tasks ran are
+        // charged to those tasks; they count as throttling.
+        // (Of what the kernel charged to other tasks, not to the idle task: a throttled wait's
+        // idle stretches are already in `idle_ns`.)
+        let charged = (others - migration_ns).max(0.0);
+        let throttled_ns = (c.throttled_ns as f64 * scale).min(charged);
+        Waits {
+            wanted: (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64,
+            contention_ns: charged - throttled_ns,
+            throttled_ns,
+            idle_ns: runq * idle_share,
+            migration_ns,
+            stopper_ns: runq * stopper_share,
+        }
+    }
+}
+
+/// Contention, throttling, idle-CPU wakeups and forced moves, each over its threshold:
+/// (ns lost, cause).
+fn scheduling(s: &Summary, w: &Waits) -> Vec<(f64, Cause)> {
     let t = &s.totals;
-    let wanted = (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64;
-    let c: &WaitClasses = &t.wait_classes;
-    let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns + c.throttled_ns) as f64;
-    // The wait classes come from the timeline; the kernel's total is exact even if events
-    // were lost, so they are scaled to it.
-    let scale = if classified > 0.0 {
-        t.time.runq_wait_ns as f64 / classified
-    } else {
-        0.0
-    };
+    let wanted = w.wanted;
+    let mut lost = Vec::new();
+    if w.contention_ns / wanted >= CONTENTION_MIN {
+        lost.push((
+            w.contention_ns,
+            Cause::new(
+                super::contention::mechanism(s),
+                0.0,
+                format!(
+                    "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {}){}",
+                    pct(w.contention_ns / wanted, ""),
+                    ms(w.contention_ns),
+                    crate::units::dur(s.duration_ns),
+                    super::contention::caused(s, "")
+                ),
+            ),
+        ));
+    }
+
+    let throttle_ns = w.throttled_ns + if throttled(s) { w.idle_ns } else { 0.0 };
+    if (throttled(s) || w.throttled_ns > 0.0) && throttle_ns / wanted >= THROTTLE_MIN {
+        lost.push((
+            throttle_ns,
+            Cause::new(
+                Mechanism::CgroupThrottling,
+                0.0,
+                format!(
+                    "runnable while their cgroup was throttled for {} ({} of the wanted time): {} of it while other tasks ran, {} with the CPU idle; {}",
+                    ms(throttle_ns),
+                    pct(throttle_ns / wanted, ""),
+                    ms(w.throttled_ns),
+                    ms(throttle_ns - w.throttled_ns),
+                    throttle_evidence(s)
+                ),
+            ),
+        ));
+    }
+    if !throttled(s) && w.idle_ns / wanted >= CONTENTION_MIN {
+        lost.push((
+            w.idle_ns,
+            Cause::new(
+                Mechanism::IdleCpuWakeup,
+                0.0,
+                format!(
+                    "runnable while their CPU idled for {} ({} of the wanted time), with no cgroup throttling seen",
+                    ms(w.idle_ns),
+                    pct(w.idle_ns / wanted, "")
+                ),
+            ),
+        ));
+    }
+
     let secs = (s.duration_ns as f64 / 1e9).max(1e-3);
     let busy = s
         .threads
@@ -56,94 +177,12 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
         .filter(|th| th.totals.time.oncpu_ns as f64 >= BUSY_SHARE * s.duration_ns as f64)
         .count()
         .max(1) as f64;
-    // Who held the CPU while the threads waited, integrated by the kernel per CPU: the idle
-    // task (the CPU was free but the thread could not run: throttling, or a slow wakeup), the
-    // migration stopper (the cost of forced moves), or other tasks (contention).
-    let share_of = |f: &dyn Fn(&crate::analysis::summary::PreemptorProcess) -> bool| -> f64 {
-        s.preemptor_processes
-            .iter()
-            .filter(|p| f(p))
-            .map(|p| p.wait_share)
-            .sum()
-    };
-    let idle_share = share_of(&|p| p.tgid == 0);
-    let stopper_share = share_of(&|p| is_migration_stopper(&p.comm));
-    let runq = t.time.runq_wait_ns as f64;
-    let attributed = !s.preemptor_processes.is_empty();
-    let idle_ns = runq * idle_share;
-    let stopper_ns = runq * stopper_share;
-    let migration_wait_ns = c.migration_ns as f64 * scale;
-    let contention_ns = if attributed {
-        runq * (1.0 - idle_share - stopper_share)
-    } else {
-        runq
-    };
-    // Waits after a forced move are charged to whoever ran on the new CPU; they count as
-    // migrations, not contention. Waits the cgroup's quota held while other tasks ran are
-    // charged to those tasks; they count as throttling.
-    // (Of what the kernel charged to other tasks, not to the idle task: a throttled wait's
-    // idle stretches are already in `idle_ns`.)
-    let charged = (contention_ns - migration_wait_ns).max(0.0);
-    let throttled_wait_ns = (c.throttled_ns as f64 * scale).min(charged);
-    let contention_ns = charged - throttled_wait_ns;
-    let mut lost: Vec<Lost> = Vec::new();
-
-    if contention_ns / wanted >= CONTENTION_MIN {
-        lost.push(Lost {
-            ns: contention_ns,
-            cause: Cause::new(
-                super::contention::mechanism(s),
-                0.0,
-                format!(
-                    "{} of the time its threads wanted a CPU they waited for one behind other tasks ({} in all over {}){}",
-                    pct(contention_ns / wanted, ""),
-                    ms(contention_ns),
-                    crate::units::dur(s.duration_ns),
-                    super::contention::caused(s, "")
-                ),
-            ),
-        });
-    }
-
-    let throttle_ns = throttled_wait_ns + if throttled(s) { idle_ns } else { 0.0 };
-    if (throttled(s) || throttled_wait_ns > 0.0) && throttle_ns / wanted >= THROTTLE_MIN {
-        lost.push(Lost {
-            ns: throttle_ns,
-            cause: Cause::new(
-                Mechanism::CgroupThrottling,
-                0.0,
-                format!(
-                    "runnable while their cgroup was throttled for {} ({} of the wanted time): {} of it while other tasks ran, {} with the CPU idle; {}",
-                    ms(throttle_ns),
-                    pct(throttle_ns / wanted, ""),
-                    ms(throttled_wait_ns),
-                    ms(throttle_ns - throttled_wait_ns),
-                    throttle_evidence(s)
-                ),
-            ),
-        });
-    }
-    if !throttled(s) && idle_ns / wanted >= CONTENTION_MIN {
-        lost.push(Lost {
-            ns: idle_ns,
-            cause: Cause::new(
-                Mechanism::IdleCpuWakeup,
-                0.0,
-                format!(
-                    "runnable while their CPU idled for {} ({} of the wanted time), with no cgroup throttling seen",
-                    ms(idle_ns),
-                    pct(idle_ns / wanted, "")
-                ),
-            ),
-        });
-    }
-
-    let forced_rate = c.migration_waits as f64 / secs / busy;
+    let forced_rate = t.wait_classes.migration_waits as f64 / secs / busy;
     if forced_rate >= MIGRATION_RATE_MIN {
-        let ns = migration_wait_ns + stopper_ns;
-        lost.push(Lost {
-            ns: ns.max(1.0),
-            cause: Cause::new(
+        let ns = w.migration_ns + w.stopper_ns;
+        lost.push((
+            ns.max(1.0),
+            Cause::new(
                 Mechanism::Migrations,
                 0.0,
                 format!(
@@ -155,48 +194,30 @@ pub fn causes(s: &Summary) -> Vec<Cause> {
                     ms(ns)
                 ),
             ),
-        });
+        ));
     }
+    lost
+}
 
-    let util = target_gpu_util(s);
-    if let Some(u) = util
-        && u >= GPU_BUSY_PCT
-        && s.cuda.max_thread_sync_busy_share >= GPU_SYNC_MIN
-    {
-        lost.push(Lost {
-            ns: s.cuda.sync_ns as f64,
-            cause: Cause::new(
-                gpu_mechanism(s, None),
-                0.0,
-                format!(
-                    "GPU {u:.0}% busy; a thread spent {} of its busy time waiting in CUDA synchronization ({} calls, {} in all)",
-                    pct(s.cuda.max_thread_sync_busy_share, ""),
-                    s.cuda.sync_calls,
-                    ms(s.cuda.sync_ns as f64)
-                ),
+/// A thread waiting in CUDA synchronization much of its busy time on a busy GPU.
+fn gpu_wait(s: &Summary) -> Option<(f64, Cause)> {
+    let u = target_gpu_util(s)?;
+    if u < GPU_BUSY_PCT || s.cuda.max_thread_sync_busy_share < GPU_SYNC_MIN {
+        return None;
+    }
+    Some((
+        s.cuda.sync_ns as f64,
+        Cause::new(
+            gpu_mechanism(s, None),
+            0.0,
+            format!(
+                "GPU {u:.0}% busy; a thread spent {} of its busy time waiting in CUDA synchronization ({} calls, {} in all)",
+                pct(s.cuda.max_thread_sync_busy_share, ""),
+                s.cuda.sync_calls,
+                ms(s.cuda.sync_ns as f64)
             ),
-        });
-    }
-
-    if let Some((ns, evidence)) = cache_loss(s) {
-        lost.push(Lost {
-            ns,
-            cause: Cause::new(Mechanism::LlcMisses, 0.0, evidence),
-        });
-    }
-
-    for (ns, cause) in super::held::window_causes(s, wanted) {
-        lost.push(Lost { ns, cause });
-    }
-
-    let total: f64 = lost.iter().map(|l| l.ns).sum::<f64>().max(1.0);
-    lost.into_iter()
-        .map(|l| Cause {
-            share: l.ns / total,
-            attributed_ns: l.ns,
-            ..l.cause
-        })
-        .collect()
+        ),
+    ))
 }
 
 /// Time lost to cache misses, estimated per busy thread from its counter bins: in bins where
