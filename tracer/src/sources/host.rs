@@ -3,13 +3,13 @@
 
 use serde::Serialize;
 
-use super::{clock::realtime_minus_monotonic_ns, ebpf::layout};
+use super::{clock::realtime_minus_monotonic_ns, ebpf::tracefs};
 use crate::recording::Capability;
 
 /// tracefs, which only the classic fallback needs.
 pub fn tracefs() -> Capability {
-    match layout::find_tracefs() {
-        layout::Tracefs::At(root) => Capability::yes(format!("mounted at {}", root.display())),
+    match tracefs::find_tracefs() {
+        tracefs::Tracefs::At(root) => Capability::yes(format!("mounted at {}", root.display())),
         other => Capability::no(format!(
             "{} (only needed without BTF)",
             other.problem().unwrap_or_default()

@@ -20,7 +20,7 @@ use tracer_common::Config;
 use super::{
     BTF_PROGRAMS, CGROUP_PROGRAM, CLASSIC_PROGRAMS, NOT_A_WATCH, OBJECT, ProbeChoice, ProbeOptions,
     SWITCH_PROGRAMS, SchedProbes, debug_log, layout, possible_cpus, send, slots,
-    targets::mark_targets,
+    targets::mark_targets, tracefs,
 };
 use crate::{error::TracerError, recording::ProbeMode, sources::perf::PerfSet};
 
@@ -355,10 +355,10 @@ fn test_max_threads() -> u32 {
 /// `why` says why classic tracepoints are used, for the error when tracefs cannot be had.
 fn classic_formats(config: &mut Config, why: &str) -> Result<()> {
     let why = why.to_string();
-    let tracefs = match layout::find_tracefs() {
-        layout::Tracefs::At(root) => root,
-        layout::Tracefs::NotMounted => {
-            layout::mount_tracefs().map_err(|e| TracerError::NoTracefs {
+    let tracefs = match tracefs::find_tracefs() {
+        tracefs::Tracefs::At(root) => root,
+        tracefs::Tracefs::NotMounted => {
+            tracefs::mount_tracefs().map_err(|e| TracerError::NoTracefs {
                 why,
                 detail: format!("not mounted, and mounting it failed: {e:#}"),
             })?
@@ -368,7 +368,7 @@ fn classic_formats(config: &mut Config, why: &str) -> Result<()> {
             detail: unreadable.problem().unwrap_or_default(),
         })?,
     };
-    layout::apply_classic_formats(&tracefs, config)
+    tracefs::apply_classic_formats(&tracefs, config)
 }
 
 /// Loads every program of the chosen family into the kernel (through the verifier), attaching

@@ -14,6 +14,7 @@ pub mod requests;
 mod send;
 mod slots;
 mod targets;
+pub mod tracefs;
 pub mod usdt;
 
 use std::collections::HashMap as StdHashMap;
