@@ -118,6 +118,51 @@ fn markers_agree_with_the_servers_own_log() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A recording with a trace file holds the latency log it read: `tracer report` of the file
+/// gives the same document, requests and verdict included, with the log gone.
+#[test]
+fn a_trace_file_holds_its_latency_log() {
+    let _guard = serial();
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-requests-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("requests.jsonl");
+    let trace = dir.join("rec.trace");
+    // `run`: the workload writes its log as it ends, which `run` waits for.
+    let exe = tracer_bin().display().to_string();
+    let log_arg = format!("--latency-log={}", log.display());
+    let out = run_tracer(&[
+        "run",
+        "--json",
+        "--quiet",
+        "--latencies",
+        log.to_str().unwrap(),
+        "-o",
+        trace.to_str().unwrap(),
+        "--",
+        &exe,
+        "workload",
+        "--workers=1",
+        "--rate=300",
+        "--cpus=0",
+        "--duration=2s",
+        &log_arg,
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let recorded = out.json();
+    assert_eq!(recorded["requests"]["source"], "file");
+    assert!(u(&recorded["requests"]["requests"]) > 100, "{}", out.stdout);
+    std::fs::remove_file(&log).unwrap();
+    let rep = run_tracer(&["report", trace.to_str().unwrap(), "--json"]);
+    assert!(rep.status.success(), "{}", rep.stderr);
+    assert_eq!(
+        rep.json(),
+        recorded,
+        "report --json differs from run --json"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_request_options_are_clear_errors() {
     let _guard = serial();

@@ -879,6 +879,75 @@ fn the_flight_recorder_writes_the_kept_windows_once_per_rate_limit() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A flight recorder's file holds the requests of the latency log its windows read, as one
+/// recording's: `tracer report` gives the request verdict with no log (the server may have
+/// rotated it by then), each request that ended in the kept windows and began in them once.
+#[test]
+fn the_flight_recorders_file_holds_the_logged_requests() {
+    let _guard = serial();
+    require_root();
+    let dir = scratch("flight-latencies");
+    let log = dir.join("lat.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let flights = dir.join("flights");
+    std::fs::create_dir_all(&flights).unwrap();
+    let target = Kill::group(Command::new("python3").args(["-c", LOGGER, log.to_str().unwrap()]));
+    let pid = target.id().to_string();
+    let t = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--count",
+        "4",
+        "--json",
+        "--no-gpu",
+        "--latencies",
+        log.to_str().unwrap(),
+        "--keep",
+        "2s",
+        "--flight-dir",
+        flights.to_str().unwrap(),
+        "--no-auto-trigger",
+    ]);
+    std::thread::sleep(Duration::from_millis(3300));
+    t.signal(libc::SIGUSR1);
+    let out = t.finish(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", out.stderr);
+    let trace = std::fs::read_dir(&flights)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|f| f.extension() == Some("trace".as_ref()))
+        .unwrap_or_else(|| panic!("no trace written: {}", out.stderr));
+    let logged: Vec<(u64, u64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| (u(&v["start_ns"]), u(&v["end_ns"])))
+        .collect();
+    // Read back with no log at all.
+    std::fs::remove_file(&log).unwrap();
+    let rep = run_tracer(&["report", trace.to_str().unwrap(), "--json"]);
+    assert!(rep.status.success(), "{}", rep.stderr);
+    let doc = rep.json();
+    let r = &doc["requests"];
+    assert_eq!(r["source"], "file", "{}", rep.stdout);
+    let (start, end) = (u(&doc["start_ns"]), u(&doc["end_ns"]));
+    let inside = logged
+        .iter()
+        .filter(|&&(s, e)| s >= start && e <= end)
+        .count();
+    // About 50 requests a second (49 of 3 ms, then one of 0.95 s).
+    assert!(inside > 40, "{inside} requests in the file's span");
+    // One line written more than the cut's lag late is the next window's (as in the test
+    // above): one is let pass.
+    let got = u(&r["requests"]) as usize;
+    assert!(got.abs_diff(inside) <= 1, "{got} of {inside}");
+    assert_eq!(r["closure_within_5pct"], 1.0, "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A trigger just before the watch ends writes its file from the last, partial window: before,
 /// the last windows reached no flight recorder, and the trigger was lost without a word.
 #[test]

@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 use clap::Args;
 
 use crate::{
@@ -142,7 +142,8 @@ pub struct RequestArgs {
     #[arg(long, value_name = "N", requires = "request_start",
           value_parser = clap::value_parser!(u8).range(0..6))]
     pub request_id_arg: Option<u8>,
-    /// A log of request latencies the target writes, read when the recording ends: JSON lines
+    /// A log of request latencies the target writes, read when the recording ends (a trace
+    /// file then holds its requests): JSON lines
     /// {"start_ns": N, "end_ns": N, "tid": N}, on CLOCK_MONOTONIC unless a {"clock":
     /// "realtime"} line says otherwise.
     #[arg(long, value_name = "FILE", conflicts_with = "request_start")]
@@ -224,17 +225,7 @@ impl RecordArgs {
         }
         crate::trace::output::check_all(&paths)?;
         if let Some(p) = &self.requests.latencies {
-            check_latency_log(p, log_may_not_exist)?;
-            // The log is read after the trace is finished, so the trace does not hold it.
-            if let Some(o) = self.output.as_ref().filter(|_| !self.quiet) {
-                eprintln!(
-                    "tracer: {} will hold the recording, not the latency log: `tracer report \
-                     {} --latencies {}` gives the request verdict again",
-                    o.display(),
-                    o.display(),
-                    p.display()
-                );
-            }
+            crate::sources::latency_log::check(p, log_may_not_exist)?;
         }
         Ok(())
     }
@@ -264,6 +255,7 @@ impl RecordArgs {
             flight: None,
             windows: false,
             until: None,
+            latencies: self.requests.latencies.clone(),
         }
     }
 }
@@ -282,32 +274,6 @@ fn parse_thread_slots(s: &str) -> Result<u32, String> {
         return Err("must be a power of two between 1 and 65536".into());
     }
     Ok(v)
-}
-
-/// Checks, before anything is recorded, that a latency log can be read when the recording
-/// ends: a regular file (a FIFO would block the tool, a device could be endless), or for `run`
-/// one the command has yet to create, in a directory that exists.
-pub fn check_latency_log(path: &Path, may_not_exist: bool) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => std::fs::File::open(path)
-            .map(drop)
-            .with_context(|| format!("the latency log {} cannot be read", path.display())),
-        Ok(_) => bail!(
-            "the latency log {} is not a regular file: give the file the server writes its \
-             request latencies to",
-            path.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && may_not_exist => {
-            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-            match dir {
-                Some(d) if !d.is_dir() => {
-                    bail!("the latency log's directory {} does not exist", d.display())
-                }
-                _ => Ok(()),
-            }
-        }
-        Err(e) => Err(e).with_context(|| format!("the latency log {}", path.display())),
-    }
 }
 
 #[cfg(test)]

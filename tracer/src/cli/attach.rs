@@ -27,10 +27,6 @@ pub fn run(args: AttachArgs) -> Result<()> {
     let targets = args.target.resolve(&args.record)?;
     let opts = args.record.session_options(Some(args.duration));
     let mut rec = runtime()?.block_on(record(&targets, &opts, || Ok(())))?;
-    print_recording(
-        &mut rec,
-        args.record.json,
-        &args.record.outputs,
-        args.record.requests.latencies.as_deref(),
-    )
+    let log = super::emit::unjoined(&rec, args.record.requests.latencies.as_deref());
+    print_recording(&mut rec, args.record.json, &args.record.outputs, log)
 }

@@ -3,66 +3,17 @@
 //! closed stdout must not cost the files, nor a bad latency log the summary), and the command
 //! then fails with what went wrong.
 
-use std::{
-    io::{Read as _, Write as _},
-    path::Path,
-};
+use std::{io::Write as _, path::Path};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 use super::args::OutputArgs;
 use crate::trace::output::Kind;
 use crate::{
     analysis::{Report, analyze},
-    recording::{
-        Recording,
-        latency_log::{is_whole_record, parse_latency_log_lenient, to_kernel_tids},
-    },
+    recording::Recording,
     render,
 };
-
-/// A latency log larger than this is refused: a million requests take about 70 MB.
-const MAX_LATENCY_LOG: u64 = 1 << 30;
-
-/// Reads the latency log into the recording's requests.
-pub fn load_latencies(rec: &mut Recording, path: &Path) -> Result<()> {
-    super::args::check_latency_log(path, false)?;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_LATENCY_LOG + 1).read_to_string(&mut text))
-        .with_context(|| format!("reading the latency log {}", path.display()))?;
-    if text.len() as u64 > MAX_LATENCY_LOG {
-        bail!(
-            "the latency log {} is larger than {} GiB: give a log of the recorded window only",
-            path.display(),
-            MAX_LATENCY_LOG >> 30
-        );
-    }
-    // A server appending through a buffer leaves half a line at the end while it writes: a
-    // last line with no newline that is not JSON yet is that record, still being written (a
-    // watch reads it whole at its next window); anything else malformed is still an error.
-    if !text.ends_with('\n') {
-        let cut = text.rfind('\n').map_or(0, |i| i + 1);
-        if !is_whole_record(&text[cut..]) {
-            text.truncate(cut);
-        }
-    }
-    let (mut set, malformed) = parse_latency_log_lenient(
-        &text,
-        rec.host.realtime_minus_monotonic_ns,
-        (rec.start_ns, rec.end_ns),
-    )
-    .with_context(|| format!("{}", path.display()))?;
-    if let Some((n, first)) = malformed {
-        eprintln!(
-            "tracer: the latency log {}: {n} line(s) left out, the first: {first:#}",
-            path.display()
-        );
-    }
-    to_kernel_tids(&mut set, rec.pid_namespace.as_ref());
-    rec.requests = Some(set);
-    Ok(())
-}
 
 /// Writes to stdout, reporting a closed or full stdout as an error instead of panicking.
 /// SIGINT and SIGTERM wait for the end of the document, as for a file: a reader must never
@@ -106,6 +57,13 @@ impl Failures {
     }
 }
 
+/// The latency log still to be joined into `rec`: none where the session joined it already
+/// (a recording with a trace file holds its requests; a second reading could differ by a
+/// record the server wrote late).
+pub fn unjoined<'a>(rec: &Recording, log: Option<&'a Path>) -> Option<&'a Path> {
+    log.filter(|_| !rec.requests.as_ref().is_some_and(|r| r.from_log()))
+}
+
 /// Joins the latency log in (if any), prints the recording (text or JSON) and writes the
 /// files `outputs` asks for.
 pub fn print_recording(
@@ -116,7 +74,7 @@ pub fn print_recording(
 ) -> Result<()> {
     let mut failures = Failures::default();
     if let Some(path) = latencies {
-        let loaded = load_latencies(rec, path);
+        let loaded = crate::sources::latency_log::load(rec, path);
         if loaded.is_err() {
             eprintln!(
                 "tracer: the latency log could not be used: the summary below has no request \
@@ -165,33 +123,4 @@ fn write_output(path: &Path, bytes: &[u8], kind: Kind) -> Result<()> {
     crate::trace::writer::write_atomic(path, bytes, kind)?;
     eprintln!("tracer: wrote {}", path.display());
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn loaded(text: &str) -> Result<Recording> {
-        let path = std::env::temp_dir().join(format!("tracer-emit-{}.jsonl", std::process::id()));
-        std::fs::write(&path, text).unwrap();
-        let mut rec = crate::recording::testutil::recording(vec![], vec![]);
-        let r = load_latencies(&mut rec, &path);
-        let _ = std::fs::remove_file(&path);
-        r.map(|()| rec)
-    }
-
-    /// A record still being written at the end of the log is left for the next reading; a
-    /// whole last record without its newline counts; a malformed line elsewhere costs itself,
-    /// and a log with no request at all is an error.
-    #[test]
-    fn a_record_still_being_written_is_left_out() {
-        let one = r#"{"start_ns": 2000, "end_ns": 3000, "tid": 7}"#;
-        let two = r#"{"start_ns": 4000, "end_ns": 5000, "tid": 7}"#;
-        let spans = |t: &str| loaded(t).unwrap().requests.unwrap().spans.len();
-        assert_eq!(spans(&format!("{one}\n{two}\n")), 2);
-        assert_eq!(spans(&format!("{one}\n{two}")), 2);
-        assert_eq!(spans(&format!("{one}\n{{\"start_ns\": 40")), 1);
-        assert_eq!(spans(&format!("{{\"start_ns\": 40\n{one}\n")), 1);
-        assert!(loaded("{\"start_ns\": 40\n\n").is_err());
-    }
 }

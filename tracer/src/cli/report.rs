@@ -14,14 +14,14 @@ pub struct ReportArgs {
     /// `.tmp` left by an interrupted recording reads too).
     pub file: PathBuf,
     /// Print one JSON document on stdout instead of the text summary (the same document the
-    /// recording printed with --json; a recording made with --latencies needs the log given
-    /// again, which the trace does not hold).
+    /// recording printed with --json; the trace holds the requests of the latency log it was
+    /// recorded with).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub outputs: OutputArgs,
     /// A latency log of the target's requests (see `tracer attach --help`), for the
-    /// request-level verdict.
+    /// request-level verdict: in place of the requests the trace holds, if any.
     #[arg(long, value_name = "FILE")]
     pub latencies: Option<PathBuf>,
 }
@@ -30,7 +30,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
     crate::trace::output::check_input("the trace file", &args.file)?;
     let mut inputs = vec![("the trace file", args.file.as_path())];
     if let Some(p) = &args.latencies {
-        super::args::check_latency_log(p, false)?;
+        crate::sources::latency_log::check(p, false)?;
         inputs.push(("the latency log", p.as_path()));
     }
     args.outputs.check(&inputs)?;

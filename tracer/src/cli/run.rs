@@ -175,11 +175,7 @@ pub fn run(args: RunArgs) -> Result<u8> {
             None => eprintln!("tracer: the command is still running (PID {})", child.pid),
         }
     }
-    print_recording(
-        &mut rec,
-        args.record.json,
-        &args.record.outputs,
-        args.record.requests.latencies.as_deref(),
-    )?;
+    let log = super::emit::unjoined(&rec, args.record.requests.latencies.as_deref());
+    print_recording(&mut rec, args.record.json, &args.record.outputs, log)?;
     Ok(ended.map_or(0, |(code, _)| code))
 }

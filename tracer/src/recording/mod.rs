@@ -229,8 +229,9 @@ pub struct Recording {
     /// Kernel launches per thread per time bin (the counter bins' width).
     #[serde(skip)]
     pub cuda_launch_bins: BTreeMap<u32, BTreeMap<u64, u64>>,
-    /// The target's requests, from its marker functions or a latency log.
-    #[serde(skip)]
+    /// The target's requests, from its marker functions or a latency log. A trace file holds
+    /// a latency log's (read back as they were); markers' are rebuilt from its records.
+    #[serde(default, skip_serializing_if = "requests::rebuilt")]
     pub requests: Option<requests::RequestSet>,
     /// The tool's PID namespace, when it ran inside one. Every ID in the recording is the
     /// kernel's (the initial namespace's); this says what the namespace calls them.

@@ -33,8 +33,10 @@ pub enum RequestSource {
     File,
 }
 
-/// The requests of a recording, and those that could not be used.
-#[derive(Debug, Clone)]
+/// The requests of a recording, and those that could not be used. A trace file's final frame
+/// holds them when they came from a latency log (`Recording::requests`); from markers they are
+/// rebuilt from its records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RequestSet {
     pub source: RequestSource,
     /// Requests that ended in the window, in order of their end: begun in it, or (a watch's)
@@ -44,6 +46,19 @@ pub struct RequestSet {
     /// starts without an end (still in flight at its close); from a file, requests not wholly
     /// inside the window (a watch's: not begun in it or the one before), or written late.
     pub unpaired: u64,
+}
+
+impl RequestSet {
+    /// From a latency log, not markers.
+    pub fn from_log(&self) -> bool {
+        self.source == RequestSource::File
+    }
+}
+
+/// Whether a recording's requests are left out of its serialized form: none, or from markers,
+/// which the records carry.
+pub fn rebuilt(set: &Option<RequestSet>) -> bool {
+    !set.as_ref().is_some_and(RequestSet::from_log)
 }
 
 /// Starts not yet ended: by request id, and by thread (innermost last).

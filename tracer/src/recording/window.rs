@@ -207,14 +207,35 @@ impl Reported {
 }
 
 /// Consecutive windows as one recording (the flight recorder's file): what they accounted,
-/// added up; the timeline's data (requests, pauses, wait kinds, bins) is not, since it is
-/// rebuilt from the records the file holds when it is read back. None for no window.
+/// added up; the timeline's data (pauses, wait kinds, bins, requests from markers) is not,
+/// since it is rebuilt from the records the file holds when it is read back. Requests from a
+/// latency log are joined (`logged_requests`). None for no window.
 pub fn merge(windows: &[Recording]) -> Option<Recording> {
     let (first, rest) = windows.split_first()?;
     let mut out = first.clone();
     for w in rest {
         add_window(&mut out, w);
     }
+    out.requests = logged_requests(windows, out.start_ns).or(out.requests);
+    Some(out)
+}
+
+/// The windows' requests from a latency log, as one recording's: each window holds those that
+/// ended in it, so they add up without overlap; one begun before the first window is not
+/// wholly inside and counts as unpaired, as in a single recording. (A request unpaired in its
+/// window, begun two windows back, stays unpaired.)
+fn logged_requests(windows: &[Recording], start_ns: u64) -> Option<super::requests::RequestSet> {
+    let mut sets = windows
+        .iter()
+        .filter_map(|w| w.requests.as_ref().filter(|r| r.from_log()));
+    let mut out = sets.next()?.clone();
+    for r in sets {
+        out.spans.extend_from_slice(&r.spans);
+        out.unpaired += r.unpaired;
+    }
+    let before = out.spans.len();
+    out.spans.retain(|s| s.start_ns >= start_ns);
+    out.unpaired += (before - out.spans.len()) as u64;
     Some(out)
 }
 
@@ -505,6 +526,36 @@ mod tests {
             "the last reading less the first window"
         );
         assert!(merge(&[]).is_none());
+    }
+
+    /// A latency log's requests are joined across windows; one begun before the first is not
+    /// wholly inside the merged span and counts as unpaired.
+    #[test]
+    fn merged_windows_join_their_logged_requests() {
+        use crate::recording::requests::{RequestSet, RequestSource, RequestSpan};
+        let logged = |spans: &[(u64, u64)], unpaired| RequestSet {
+            source: RequestSource::File,
+            spans: spans
+                .iter()
+                .map(|&(start_ns, end_ns)| RequestSpan {
+                    start_ns,
+                    end_ns,
+                    tid: 7,
+                    id: None,
+                })
+                .collect(),
+            unpaired,
+        };
+        let mut a = rec(200, vec![thread(7, 1, 1, 1)]);
+        a.start_ns = 100;
+        a.requests = Some(logged(&[(90, 110), (120, 150)], 1));
+        let mut b = rec(300, vec![thread(7, 1, 1, 1)]);
+        b.start_ns = 200;
+        b.requests = Some(logged(&[(190, 210), (250, 290)], 0));
+        let m = merge(&[a, b]).expect("two windows").requests.unwrap();
+        let spans: Vec<(u64, u64)> = m.spans.iter().map(|s| (s.start_ns, s.end_ns)).collect();
+        assert_eq!(spans, [(120, 150), (190, 210), (250, 290)]);
+        assert_eq!(m.unpaired, 2);
     }
 
     #[test]

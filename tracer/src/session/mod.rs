@@ -66,6 +66,9 @@ pub struct SessionOptions {
     /// How the run ends, in words, where that is not `duration` nor the target's exit (a
     /// watch of N windows, or of a cgroup).
     pub until: Option<String>,
+    /// A single recording's latency log (`--latencies`), joined in before the trace file is
+    /// finished so that the file holds the requests (a watch joins its log per window).
+    pub latencies: Option<PathBuf>,
 }
 
 pub struct GpuSettings {

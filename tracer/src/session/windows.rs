@@ -460,6 +460,17 @@ impl Session<'_> {
         let Some(w) = self.writer.take() else {
             return Ok(());
         };
+        // The file holds the requests of a latency log (its final frame): `tracer report`
+        // then needs no log. One that cannot be read leaves them out here; the command reads
+        // it again to report why (`cli::emit`).
+        if let Some(log) = self
+            .opts
+            .latencies
+            .as_deref()
+            .filter(|_| !self.opts.windows)
+        {
+            let _ = crate::sources::latency_log::load(rec, log);
+        }
         // A signal from here until the message below says the file is complete waits (the
         // file renamed into place while the message still named the temporary one told a
         // user who interrupted then that the complete trace was partial).

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod ebpf;
 pub mod gpu;
 pub mod host;
+pub mod latency_log;
 pub mod perf;
 pub mod pidns;
 pub mod privileges;

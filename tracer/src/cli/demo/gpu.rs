@@ -14,7 +14,6 @@ use super::{
     scenario::Scenario,
 };
 use crate::{
-    cli::emit::load_latencies,
     session::{record, runtime},
     sources::{clock::monotonic_ns, process::Target, targets::Targets},
 };
@@ -143,7 +142,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     // The recording is done: the server stops now, writing its latency log, rather than at
     // the end of a duration that has to cover the hog's start-up too.
     let stopped = server.stop();
-    let loaded = load_latencies(&mut rec, &log);
+    let loaded = crate::sources::latency_log::load(&mut rec, &log);
     let spans = read_log(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     stopped?;

@@ -12,7 +12,6 @@ use super::{
     scenario::Scenario,
 };
 use crate::{
-    cli::emit::load_latencies,
     session::{record, runtime},
     sources::{clock::monotonic_ns, process::Target, targets::Targets},
 };
@@ -83,7 +82,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         || Ok(()),
     ))?;
     let stopped = server.stop();
-    let loaded = load_latencies(&mut rec, &log);
+    let loaded = crate::sources::latency_log::load(&mut rec, &log);
     let spans = read_log(&log).unwrap_or_default();
     let long_ids = long_requests(&long_log);
     let _ = std::fs::remove_dir_all(&dir);

@@ -141,6 +141,8 @@ pub fn run(args: WatchArgs) -> Result<()> {
     opts.progress = false;
     opts.flight = args.keep.map(|_| (args.keep_max_mib as usize) << 20);
     opts.windows = true;
+    // Joined per window, as the server appends to it (`latencies::LogTail`).
+    opts.latencies = None;
     let each = crate::units::given(args.interval);
     opts.until = Some(match args.count {
         Some(n) => format!("for {n} windows of {each}"),
