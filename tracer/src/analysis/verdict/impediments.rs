@@ -56,8 +56,10 @@ struct Waits {
     wanted: f64,
     /// Behind other tasks, the quota's and the moves' waits taken out.
     contention_ns: f64,
-    /// Held by the cgroup's quota while other tasks ran.
+    /// Held by the cgroup's quota while other tasks ran, `made_up_ns` included.
     throttled_ns: f64,
+    /// Of those, waits behind other tasks the quota made up for (estimated).
+    made_up_ns: f64,
     /// With the CPU idle.
     idle_ns: f64,
     /// After forced moves, and behind the migration stopper.
@@ -102,15 +104,31 @@ impl Waits {
         // (Of what the kernel charged to other tasks, not to the idle task: a throttled wait's
         // idle stretches are already in `idle_ns`.)
         let charged = (others - migration_ns).max(0.0);
-        let throttled_ns = (c.throttled_ns as f64 * scale).min(charged);
+        let held = (c.throttled_ns as f64 * scale).min(charged);
+        // Within a quota period a throttled cgroup runs its quota and no more: a wait behind
+        // another task in a period that ended throttled was made up for later in it
+        // (requests/quota.rs follows this wait by wait). The window keeps no order of waits,
+        // so the share of periods that ended throttled stands for the share of the waits
+        // behind other tasks that the quota made up for.
+        let made_up_ns = (charged - held) * throttled_period_share(s);
         Waits {
             wanted: (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64,
-            contention_ns: charged - throttled_ns,
-            throttled_ns,
+            contention_ns: charged - held - made_up_ns,
+            throttled_ns: held + made_up_ns,
+            made_up_ns,
             idle_ns: runq * idle_share,
             migration_ns,
             stopper_ns: runq * stopper_share,
         }
+    }
+}
+
+/// The share of the bandwidth periods (those the cgroup was active in) that ended throttled,
+/// in the cgroup that throttled the target most; 0 when none did.
+fn throttled_period_share(s: &Summary) -> f64 {
+    match &s.cgroup {
+        Some(c) if throttled(s) => c.throttled_share.clamp(0.0, 1.0),
+        _ => 0.0,
     }
 }
 
@@ -145,11 +163,22 @@ fn scheduling(s: &Summary, w: &Waits) -> Vec<(f64, Cause)> {
                 Mechanism::CgroupThrottling,
                 0.0,
                 format!(
-                    "runnable while their cgroup was throttled for {} ({} of the wanted time): {} of it while other tasks ran, {} with the CPU idle; {}",
+                    "runnable while their cgroup was throttled for {} ({} of the wanted time): {} of it while other tasks ran, {} with the CPU idle{}; {}",
                     ms(throttle_ns),
                     pct(throttle_ns / wanted, ""),
                     ms(w.throttled_ns),
                     ms(throttle_ns - w.throttled_ns),
+                    if w.made_up_ns > 0.0 {
+                        format!(
+                            "; {} of the waits behind other tasks put down to the quota, as the \
+                             share of periods that ended throttled ({}): the quota made up \
+                             for them later in the period",
+                            ms(w.made_up_ns),
+                            pct(throttled_period_share(s), "")
+                        )
+                    } else {
+                        String::new()
+                    },
                     throttle_evidence(s)
                 ),
             ),

@@ -516,6 +516,42 @@ fn waits_the_quota_held_behind_other_tasks_are_throttling() {
     assert!(v.causes[0].share > 0.9, "{v:?}");
 }
 
+/// Over the window, a cgroup that ended 90 % of its periods throttled ran its quota in them
+/// whatever else ran: that share of its waits behind other tasks goes to the quota.
+#[test]
+fn over_the_window_the_quota_makes_up_for_waits_behind_others_in_throttled_periods() {
+    let mut rec = window(600, 300, vec![hog(300 * MS)]);
+    throttled_cgroup(&mut rec);
+    let c = rec.cgroup.as_mut().unwrap();
+    c.samples[1].throttling.nr_throttled = 27;
+    let v = verdict(&rec);
+    assert_eq!(
+        v.causes[0].mechanism.to_string(),
+        "cgroup CPU throttling",
+        "{v:?}"
+    );
+    assert!((v.causes[0].share - 0.9).abs() < 0.01, "{v:?}");
+    assert!(
+        v.causes[0]
+            .evidence
+            .contains("270.0ms of the waits behind other tasks"),
+        "{}",
+        v.causes[0].evidence
+    );
+    // Throttled in a tenth of its periods: the contention stays first.
+    rec.cgroup.as_mut().unwrap().samples[1]
+        .throttling
+        .nr_throttled = 3;
+    let v = verdict(&rec);
+    assert!(
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .contains("run-queue contention"),
+        "{v:?}"
+    );
+}
+
 #[test]
 fn waits_after_forced_moves_are_migrations() {
     let mut s = Server::new();
