@@ -1,6 +1,6 @@
 //! The tracer's eBPF programs: scheduler tracepoints, filtered to one target process (TGID).
 //!
-//! Two families attach the same logic (`sched.rs`): BTF-typed tracepoints (`tp_btf.rs`, the
+//! Two families attach the same logic (`sched/`): BTF-typed tracepoints (`tp_btf.rs`, the
 //! default: cheaper, and free of the per-CPU recursion guard that classic tracepoints share) and
 //! classic tracepoints (`classic.rs`, only where the kernel has no BTF). The loader picks one.
 // Built for the bpfel target by tracer/build.rs. On the host (a workspace-wide `cargo build`

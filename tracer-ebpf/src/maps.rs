@@ -99,7 +99,7 @@ pub static CHILDREN: HashMap<u32, ChildProcess> = HashMap::with_max_entries(MAX_
 #[map]
 pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_TARGET_CGROUPS, 0);
 
-/// Target threads' blocked intervals by who ended them (`sched.rs` `note_waker`).
+/// Target threads' blocked intervals by who ended them (`sched/wakeup.rs` `note_waker`).
 #[map]
 pub static WAKERS: HashMap<WakerKey, WakerStats> = HashMap::with_max_entries(MAX_WAKERS, 0);
 

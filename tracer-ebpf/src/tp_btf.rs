@@ -61,7 +61,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
 /// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next) before
 /// Linux 5.18 (commit fa2c3254d7cf added `prev_state`): the verifier rejects a read of a
 /// fourth argument there, so this one reads none, and the switch's kind comes from the task
-/// (`sched::blocked_by_counts`).
+/// (`sched/counts.rs`, `blocked_by_counts`).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf_3args(ctx: BtfTracePointContext) -> i32 {
     switch(&ctx, sched::STATE_UNKNOWN)

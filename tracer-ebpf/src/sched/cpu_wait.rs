@@ -1,0 +1,59 @@
+//! The per-CPU count of target threads waiting in each run queue (`CPU_WAIT`), with the
+//! target-waiting time pending on each CPU, which the task leaving it is charged with
+//! (`owed`; `charge` in `mod.rs` bills a task outside the target).
+
+use tracer_common::{CpuWait, ThreadState, ThreadStats};
+
+use super::NO_CPU;
+use crate::maps::CPU_WAIT;
+
+/// Takes a thread off its CPU's waiters (it is no longer waiting where the probes thought).
+#[inline(always)]
+pub(super) fn stop_waiting(t: &mut ThreadStats, now: u64) {
+    if t.state == ThreadState::Runnable as u32 {
+        waiter_remove(t.wait_cpu, now);
+    }
+    t.wait_cpu = NO_CPU;
+}
+
+/// Folds the target-waiting time on `w` up to `now` into `pending_ns`.
+#[inline(always)]
+fn settle(w: &mut CpuWait, now: u64) {
+    if w.waiters != 0 {
+        w.pending_ns += now.saturating_sub(w.since_ns) * w.waiters as u64;
+    }
+    w.since_ns = now;
+}
+
+#[inline(always)]
+pub(super) fn waiter_add(cpu: u32, now: u64) {
+    if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
+        let w = unsafe { &mut *w };
+        settle(w, now);
+        w.waiters += 1;
+    }
+}
+
+#[inline(always)]
+pub(super) fn waiter_remove(cpu: u32, now: u64) {
+    if cpu == NO_CPU {
+        return;
+    }
+    if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
+        let w = unsafe { &mut *w };
+        settle(w, now);
+        if w.waiters > 0 {
+            w.waiters -= 1;
+        }
+    }
+}
+
+/// Takes the target-waiting time on `w` up to `now`: what the task leaving the CPU (always
+/// `current`) caused.
+#[inline(always)]
+pub(super) fn owed(w: &mut CpuWait, now: u64) -> u64 {
+    settle(w, now);
+    let owed = w.pending_ns;
+    w.pending_ns = 0;
+    owed
+}

@@ -1,0 +1,408 @@
+//! Scheduler accounting shared by the tp_btf and the classic programs.
+//!
+//! Every target thread moves between Running, Runnable (waiting in a run queue) and Blocked. Each
+//! handler closes the interval of the state being left and adds it to the thread's totals. The
+//! rules follow the kernel's own counters (kernel/sched/core.c, `__schedule`): a switch-out is
+//! voluntary (`nvcsw`) when the task was not preempted and its state was not TASK_RUNNING, and
+//! involuntary (`nivcsw`) otherwise, which includes `sched_yield`; a migration (`nr_migrations`)
+//! is a change of CPU in `set_task_cpu`, whose tracepoint also fires when the CPU stays the same.
+//!
+//! The state machine is here, with `charge`, which bills a task outside the target for the
+//! waiting it caused (`on_switch` is its only caller); the rest is split by concern: `entry` (a
+//! thread's entry, found or made on first sight), `counts` (reconciliation with the task's own
+//! counters, where a `task_struct` is at hand), `throttle` (CFS bandwidth throttling of a wait),
+//! `cpu_wait` (the per-CPU count of waiting target threads), `wakeup` (wakeups and their wakers)
+//! and `lifecycle` (forks, cgroup moves, migrations, thread creation, exec and exit). `charge`
+//! stays here because in `cpu_wait` it put its `Preemptor` elsewhere in the switch programs'
+//! stack frames: rustc orders a unit's functions by symbol name, module path included, and
+//! LLVM inlines in that order. As split, the BPF instructions are those of the single file.
+
+mod counts;
+mod cpu_wait;
+mod entry;
+mod lifecycle;
+mod throttle;
+mod wakeup;
+
+use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated};
+use tracer_common::{
+    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_MOVED, FLAG_RUNNABLE_UNSURE,
+    FLAG_THROTTLE_BASE, Preemptor, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState,
+    ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+};
+
+use crate::maps::{Batch, CPU_WAIT, PREEMPTORS, config, count, sends_when_idle};
+use counts::{
+    blocked_by_counts, counts_agree, counts_of, reconcile_in, remember, repair_unseen_switch_in,
+};
+use cpu_wait::{owed, waiter_add, waiter_remove};
+pub use entry::Comm;
+use entry::{read_comm, thread};
+pub use lifecycle::{
+    on_cgroup_attach, on_exec, on_migrate, on_process_fork, on_thread_exit, on_thread_new,
+};
+use throttle::{THROTTLED_MIN_WAIT_NS, note_throttle_base, throttled_permille};
+pub use wakeup::{note_current_waker, on_wakeup, on_waking, waker_flags};
+
+const BPF_NOEXIST: u64 = 1;
+const NO_CPU: u32 = u32::MAX;
+
+/// Closes the current state at `now`. If no event was seen yet, `before` is the state the
+/// thread must have been in (deduced from the event), and userspace closes that interval
+/// against the window start.
+#[inline(always)]
+fn leave(t: &mut ThreadStats, now: u64, before: ThreadState) -> u64 {
+    let state = t.state;
+    if state == ThreadState::Unknown as u32 {
+        t.first_state = before as u32;
+        t.first_ts_ns = now;
+        return 0;
+    }
+    // The switch first: off, the verifier removes the whole test, not only the log.
+    if config!(debug_bpf) != 0 && now < t.state_ts_ns {
+        anomaly!(
+            "clock ran backwards: tid {} in state {} since {} ns, now {} (the interval counts 0)",
+            t.tid,
+            state,
+            t.state_ts_ns,
+            now
+        );
+    }
+    let d = now.saturating_sub(t.state_ts_ns);
+    if state == ThreadState::Running as u32 {
+        t.oncpu_ns += d;
+    } else if state == ThreadState::Runnable as u32 {
+        t.runq_wait_ns += d;
+    } else {
+        t.blocked_ns += d;
+    }
+    d
+}
+
+#[inline(always)]
+fn enter(t: &mut ThreadStats, state: ThreadState, now: u64) {
+    t.state = state as u32;
+    t.state_ts_ns = now;
+}
+
+/// Charges a task outside the target with `owed` ns of waiting it caused target threads. (A
+/// target thread is charged in its own entry, `ThreadStats::caused_wait_ns`.)
+#[inline(always)]
+fn charge(owed: u64, pid: u32, tgid: u32) {
+    // The idle task (pid 0) is recorded too: a CPU idling while a target thread waits in its
+    // run queue means the thread could not run although the CPU was free (its cgroup was
+    // throttled), or the wakeup was slow.
+    if let Some(p) = PREEMPTORS.get_ptr_mut(pid) {
+        // A task runs on one CPU at a time, so no other CPU updates this entry meanwhile.
+        let p = unsafe { &mut *p };
+        p.wait_ns += owed;
+        p.slices += 1;
+        return;
+    }
+    // Once per preemptor: two helper calls and two reads are nothing here.
+    let mut p = Preemptor {
+        pid,
+        tgid,
+        comm: [0; COMM_LEN],
+        wait_ns: owed,
+        slices: 1,
+        ppid: current_parent(),
+        _pad: 0,
+        cgroup_id: unsafe { generated::bpf_get_current_cgroup_id() },
+    };
+    read_comm(&mut p.comm, Comm::Current);
+    if PREEMPTORS.insert(pid, p, BPF_NOEXIST).is_err() {
+        count(Counter::PreemptorMapFull);
+        anomaly!(
+            "preemptor map full: {} ns caused by tid {} not attributed",
+            owed,
+            pid
+        );
+    }
+}
+
+/// `current->real_parent->tgid`, or 0 where the offsets are unknown (no BTF).
+#[inline(always)]
+fn current_parent() -> u32 {
+    if config!(task_real_parent_off) == 0 {
+        return 0;
+    }
+    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
+    let parent: *const u8 = unsafe {
+        bpf_probe_read_kernel(
+            task.wrapping_add(config!(task_real_parent_off) as usize)
+                .cast(),
+        )
+    }
+    .unwrap_or(core::ptr::null());
+    if parent.is_null() {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel(parent.wrapping_add(config!(task_tgid_off) as usize).cast()) }
+        .unwrap_or(0)
+}
+
+#[inline(always)]
+fn event(ts_ns: u64, tid: u32, kind: EventKind, cpu: u32, aux: u32, value: u64) -> Event {
+    Event {
+        ts_ns,
+        tid,
+        kind: kind as u32,
+        cpu,
+        aux,
+        value,
+    }
+}
+
+/// A context switch on `cpu`, as the tracepoint reports it.
+pub struct Switch {
+    pub preempt: bool,
+    /// `prev->__state` as passed to the tracepoint (TASK_RUNNING is 0), or `STATE_UNKNOWN`
+    /// where the tracepoint has no such argument (tp_btf before Linux 5.18).
+    pub prev_state: u64,
+    pub prev_pid: u32,
+    pub prev_tgid: u32,
+    pub prev_target: bool,
+    pub next_pid: u32,
+    /// Its process, when it is a member (0 otherwise).
+    pub next_tgid: u32,
+    pub next_target: bool,
+    pub next_comm: Comm,
+    /// The task switching in, for its own counters (tp_btf); null for classic tracepoints,
+    /// whose records carry none.
+    pub next_task: *const u8,
+    /// The task switching out (tp_btf without `prev_state`; null otherwise).
+    pub prev_task: *const u8,
+}
+
+/// `Switch::prev_state` when the tracepoint does not pass it.
+pub const STATE_UNKNOWN: u64 = u64::MAX;
+
+/// Where a program takes the time of its event from, read only when the event counts. A trait
+/// with an always-inlined method rather than a closure: the compiler made a closure into a
+/// function of its own, and every target wakeup paid a BPF-to-BPF call for it (about 20 ns on
+/// our VMs, with the kernel's return-thunk mitigations: BENCHMARKS.md).
+pub trait Clock {
+    fn now(self) -> u64;
+}
+
+/// The clock helper (classic tracepoints: no task at hand to read a run queue's clock from).
+pub struct HelperClock;
+
+impl Clock for HelperClock {
+    #[inline(always)]
+    fn now(self) -> u64 {
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
+
+/// `clock` gives the time, called only if the switch concerns a target (or a CPU one waits
+/// for): the early exit reads no clock.
+#[inline(always)]
+pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
+    let Some(mut out) = Batch::get() else {
+        return;
+    };
+    let wait = CPU_WAIT.get_ptr_mut(cpu);
+    let owing = match wait {
+        Some(w) => unsafe { (*w).waiters != 0 || (*w).pending_ns != 0 },
+        None => false,
+    };
+    // The path every non-target switch takes: nothing to record, only this CPU's batch to send
+    // if it has waited a tick or the CPU goes idle.
+    if !sw.prev_target && !sw.next_target && !owing {
+        out.age(sw.next_pid == 0 && sends_when_idle(cpu));
+        return;
+    }
+    // The run queue's clock, unless this `__schedule` may have skipped updating it (clock.rs):
+    // a switch that leaves `prev` runnable is a preemption, which a wakeup's skip request
+    // comes with; and a target's wakeup that preempted noted its time on this CPU, which the
+    // clock then still reads. The helper says when those switches really came.
+    let now = if sw.preempt || sw.prev_state == 0 || sw.prev_state == STATE_UNKNOWN {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        let t = clock.now();
+        match wait {
+            Some(w) if unsafe { (*w).since_ns } == t => unsafe { bpf_ktime_get_ns() },
+            _ => t,
+        }
+    };
+    let mut prev = if sw.prev_target {
+        thread(sw.prev_pid, sw.prev_tgid, Comm::Current)
+    } else {
+        None
+    };
+    // A thread switching out is running, unless its switch-in went unseen: the check is
+    // inline, the repair out of line (a BPF-to-BPF call costs about 20 ns on our VMs, with
+    // the kernel's return-thunk mitigations: BENCHMARKS.md).
+    if let Some(t) = prev.as_deref_mut()
+        && (t.state == ThreadState::Blocked as u32 || t.state == ThreadState::Runnable as u32)
+    {
+        repair_unseen_switch_in(t, now);
+    }
+    if owing && let Some(w) = wait {
+        let owed = owed(unsafe { &mut *w }, now);
+        if owed != 0 {
+            match prev.as_deref_mut() {
+                Some(t) => {
+                    t.caused_wait_ns += owed;
+                    t.caused_slices += 1;
+                }
+                None => charge(owed, sw.prev_pid, sw.prev_tgid),
+            }
+        }
+    }
+    if let Some(t) = prev {
+        switch_out(t, cpu, now, sw, &mut out);
+    }
+    if sw.next_target
+        && let Some(t) = thread(sw.next_pid, sw.next_tgid, sw.next_comm)
+    {
+        switch_in(t, cpu, now, sw, &mut out);
+    }
+    out.age(sw.next_pid == 0 && sends_when_idle(cpu));
+}
+
+#[inline(always)]
+fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+    let slice = leave(t, now, ThreadState::Running);
+    crate::counters::slice_end(sw.prev_pid, cpu, now, out);
+    t.last_cpu = cpu;
+    t.flags &= !FLAG_MOVED;
+    let involuntary = if sw.preempt {
+        true
+    } else if sw.prev_state == STATE_UNKNOWN {
+        !blocked_by_counts(t, sw.prev_task)
+    } else {
+        sw.prev_state == 0
+    };
+    if involuntary {
+        t.involuntary_switches += 1;
+        if !sw.preempt && sw.prev_task.is_null() {
+            t.flags |= FLAG_RUNNABLE_UNSURE;
+        }
+        enter(t, ThreadState::Runnable, now);
+        t.wait_cpu = cpu;
+        note_throttle_base(t, sw.prev_task);
+        waiter_add(cpu, now);
+    } else {
+        t.voluntary_switches += 1;
+        // The switch after exit is the thread's last: nothing more will be accounted.
+        let state = if t.flags & FLAG_EXITED != 0 {
+            ThreadState::Dead
+        } else {
+            ThreadState::Blocked
+        };
+        enter(t, state, now);
+        t.wait_cpu = NO_CPU;
+    }
+    if config!(transitions) != 0 {
+        out.push(&event(
+            now,
+            sw.prev_pid,
+            EventKind::SwitchOut,
+            cpu,
+            involuntary as u32
+                | ((t.flags & FLAG_RUNNABLE_UNSURE != 0) as u32 * SWITCH_RUNNABLE_UNSURE),
+            slice,
+        ));
+    }
+}
+
+#[inline(always)]
+fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+    t.flags &= !FLAG_RUNNABLE_UNSURE;
+    let counts = counts_of(sw.next_task);
+    if let Some(c) = counts.as_ref()
+        && !counts_agree(t, c)
+    {
+        reconcile_in(t, c, now);
+    }
+    let was = t.state;
+    if was == ThreadState::Running as u32 {
+        // Its last switch out was not traced (and its counters cannot be read: classic
+        // tracepoints); the interval closes as running.
+        count(Counter::UnseenSwitchOut);
+        anomaly!(
+            "unseen switch-out: tid {} switched in on CPU {} while running since {} ns as far \
+             as the probes knew; now {}",
+            t.tid,
+            cpu,
+            t.state_ts_ns,
+            now
+        );
+    }
+    if was == ThreadState::Blocked as u32 {
+        // The kernel traces a wakeup before a blocked task can run again: this one's was not.
+        count(Counter::UnseenWakeup);
+        anomaly!(
+            "unseen wakeup: tid {} switched in on CPU {} while blocked since {} ns as far as \
+             the probes knew (its wakeup was not traced); now {}",
+            t.tid,
+            cpu,
+            t.state_ts_ns,
+            now
+        );
+    }
+    let waited = leave(t, now, ThreadState::Runnable);
+    if was == ThreadState::Runnable as u32 {
+        t.runq_waits += 1;
+        if waited > t.runq_wait_max_ns {
+            t.runq_wait_max_ns = waited;
+        }
+        let slot = hist_slot(waited);
+        if let Some(c) = t.runq_hist.get_mut(slot) {
+            *c += 1;
+        }
+        waiter_remove(t.wait_cpu, now);
+    }
+    t.wait_cpu = NO_CPU;
+    t.last_cpu = cpu;
+    enter(t, ThreadState::Running, now);
+    remember(t, counts.as_ref());
+    crate::counters::slice_begin(sw.next_pid, now);
+    // A wait that ended is at least 1 ns, so the record tells it from a switch-in that ended
+    // none: a wakeup that preempted reads the same run-queue clock as this switch (clock.rs),
+    // and a wakeup from another CPU's clock can come out a few hundred ns after it.
+    let waited = if was == ThreadState::Runnable as u32 {
+        waited.max(1)
+    } else {
+        0
+    };
+    let kind = wait_kind_bits(t, sw, waited);
+    let mut ev = event(
+        now,
+        sw.next_pid,
+        EventKind::SwitchIn,
+        cpu,
+        sw.prev_pid,
+        waited,
+    );
+    ev.kind |= kind;
+    out.push(&ev);
+}
+
+/// The switch-in record's wait bits for the wait of `waited` ns it ends (0: none): its
+/// `WaitCode` and throttled share. Ends the wait's flags.
+#[inline(always)]
+fn wait_kind_bits(t: &mut ThreadStats, sw: &Switch, waited: u64) -> u32 {
+    // The same rules as userspace's WaitTracker, which needs the events in time order. A
+    // thread moved while it waited sits in another CPU's group queue, whose throttled time
+    // is another count: its throttled share is not known. A wait too short to hold a
+    // throttle worth naming skips the read (most waits of a busy server: +9 ns a switch-in
+    // on the pipe benchmark when read at every one).
+    let throttled = if t.flags & FLAG_MOVED == 0 && waited >= THROTTLED_MIN_WAIT_NS {
+        throttled_permille(t, sw.next_task, waited)
+    } else {
+        0
+    };
+    let code = if t.flags & FLAG_MOVED != 0 {
+        WaitCode::Migration
+    } else if sw.prev_pid == 0 {
+        WaitCode::IdleCpu
+    } else {
+        WaitCode::Contention
+    };
+    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE);
+    (code as u32) << WAIT_CODE_SHIFT | throttled << THROTTLED_SHIFT
+}
