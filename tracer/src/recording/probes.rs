@@ -28,7 +28,7 @@ pub struct Losses {
     /// (`MAX_WAKERS` distinct thread, waker and system call triples) was full.
     #[serde(default)]
     pub waker_map_full: u64,
-    /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched.rs`).
+    /// Switches onto a CPU the kernel did not trace, repaired (see tracer-ebpf `sched/`).
     pub unseen_switch_ins: u64,
     /// Switches off a CPU the kernel did not trace, repaired.
     pub unseen_switch_outs: u64,

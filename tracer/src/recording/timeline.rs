@@ -1,5 +1,5 @@
 //! The timeline: each thread's states as intervals, rebuilt from the recorded transitions with
-//! the same rules the kernel side applies (tracer-ebpf `sched.rs`); what kind of wait a
+//! the same rules the kernel side applies (tracer-ebpf `sched/`); what kind of wait a
 //! switch-in ended is the kernel's classification, carried in the record. The one userspace
 //! copy of the state machine: built once per recording (`Recording::threads_over_time`) and
 //! read by the request decomposition, the Perfetto and HTML outputs, and trace recovery (the

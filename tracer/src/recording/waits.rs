@@ -3,8 +3,8 @@
 //! it waited for was idle when it finally ran (cgroup throttling, or a slow wakeup of an idle
 //! CPU), or another task held the CPU (contention). Apart from its kind, each wait says how much
 //! of it the thread's cgroup was throttled (its CPU quota spent), from the kernel's own
-//! throttled-time count of the thread's group queue: that part is throttling, whoever ran. The kernel side decides (tracer-ebpf
-//! `sched.rs`) and says so in each switch-in record; `trace/upgrade.rs` decides the same for
+//! throttled-time count of the thread's group queue: that part is throttling, whoever ran.
+//! The kernel side decides (tracer-ebpf `sched/`) and says so in each switch-in record; `trace/upgrade.rs` decides the same for
 //! the records of trace format 1, which did not say.
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! Records of trace format 1 made current. Their switch-ins do not say what kind of wait they
-//! ended (format 2's kernel side does: tracer-ebpf `sched.rs`); format 1's records came in
+//! ended (format 2's kernel side does: tracer-ebpf `sched/`); format 1's records came in
 //! time order, so following each thread's transitions tells it, by the kernel side's rules.
 //! Done as the file is read, so nothing after the reader knows format 1.
 
