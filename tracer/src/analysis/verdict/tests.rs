@@ -530,11 +530,12 @@ fn over_the_window_the_quota_makes_up_for_waits_behind_others_in_throttled_perio
         "cgroup CPU throttling",
         "{v:?}"
     );
-    assert!((v.causes[0].share - 0.9).abs() < 0.01, "{v:?}");
+    // The 30 ms left behind the hog are 3 % of the wanted time, under `CONTENTION_MIN`.
+    assert_eq!(v.causes.len(), 1, "{v:?}");
     assert!(
         v.causes[0]
             .evidence
-            .contains("270.0ms of the waits behind other tasks"),
+            .contains("270ms of the waits behind other tasks"),
         "{}",
         v.causes[0].evidence
     );
