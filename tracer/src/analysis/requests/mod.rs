@@ -408,6 +408,79 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
 /// choice (a watch's: those begun in the window before, at the earliest).
 pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnalysis> {
     let set: &RequestSet = rec.requests.as_ref()?;
+    let (mut details, queued_spans) = decompose_all(rec, prev, set);
+    let (untraced_requests, untraced_tids) = untraced(rec, set);
+    let n = details.len();
+    let r = Ranked::of(&details);
+    let closure: Vec<f64> = details
+        .iter()
+        .map(|d| d.parts.uncovered_ns / d.wall_ns.max(1) as f64)
+        .collect();
+    // What a normal request is, then the queues followed with it, then the groups.
+    let median_parts: Vec<&Breakdown> = r.median.iter().map(|&i| &details[i].parts).collect();
+    let normal = queue::Normal {
+        wall_ns: r
+            .median
+            .iter()
+            .map(|&i| details[i].wall_ns as f64)
+            .sum::<f64>()
+            / r.median.len().max(1) as f64,
+        parts: Breakdown::mean(&median_parts),
+    };
+    follow_queues(&mut details, &queued_spans, &normal);
+    let pick =
+        |idx: &[usize]| -> Vec<&RequestDetail> { idx.iter().map(|&i| &details[i]).collect() };
+    let oncpu = normal.parts.oncpu_ns;
+    let (median, tail) = (group(&pick(&r.median), oncpu), group(&pick(&r.tail), oncpu));
+    let (p50, p90, p99) = (r.p50, r.p90, r.p99);
+    let jitter_ratio = if p50 > 0 {
+        p99 as f64 / p50 as f64
+    } else {
+        0.0
+    };
+    let slowest = r
+        .order
+        .iter()
+        .rev()
+        .take(5)
+        .map(|&i| details[i].clone())
+        .collect();
+    Some(RequestAnalysis {
+        source: set.source,
+        requests: n,
+        unpaired: set.unpaired,
+        untraced_requests,
+        untraced_tids,
+        p50_ns: p50,
+        p90_ns: p90,
+        p99_ns: p99,
+        max_ns: r.max,
+        jitter_ratio,
+        jitter: n >= MIN_REQUESTS
+            && (jitter_ratio >= JITTER_RATIO
+                || jitter_ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
+            && p99.saturating_sub(p50) >= JITTER_FLOOR_NS,
+        closure_error_max: closure.iter().copied().fold(0.0, f64::max),
+        closure_within_5pct: if n > 0 {
+            closure.iter().filter(|&&c| c <= 0.05).count() as f64 / n as f64
+        } else {
+            1.0
+        },
+        excess: tail.mean.minus(&median.mean),
+        excess_ns: tail.wall_ns_mean - median.wall_ns_mean,
+        median,
+        tail,
+        slowest,
+    })
+}
+
+/// Every request decomposed on its serving thread, with what it queued behind; one begun in
+/// the window before (a watch's) on both windows.
+fn decompose_all(
+    rec: &Recording,
+    prev: Option<&Recording>,
+    set: &RequestSet,
+) -> (Vec<RequestDetail>, Vec<queue::QueuedSpans>) {
     let ctx = Context::new(rec);
     // Built only for requests that need it: a context costs a pass over its recording.
     let earlier = prev
@@ -427,6 +500,12 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
         details.push(d);
         queued_spans.push(q);
     }
+    (details, queued_spans)
+}
+
+/// Requests served by threads the recording did not trace: how many, and up to 8 of the
+/// threads.
+fn untraced(rec: &Recording, set: &RequestSet) -> (usize, Vec<u32>) {
     let traced: std::collections::HashSet<u32> = rec.threads.iter().map(|t| t.tid).collect();
     let untraced: Vec<u32> = set
         .spans
@@ -434,96 +513,61 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
         .map(|s| s.tid)
         .filter(|t| !traced.contains(t))
         .collect();
-    let mut untraced_tids = untraced.clone();
-    untraced_tids.sort_unstable();
-    untraced_tids.dedup();
-    untraced_tids.truncate(8);
-    let n = details.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (details[i].wall_ns, i));
-    let walls: Vec<u64> = order.iter().map(|&i| details[i].wall_ns).collect();
-    let (p50, p90, p99, max) = if n > 0 {
-        (
-            quantile(&walls, 0.5),
-            quantile(&walls, 0.9),
-            quantile(&walls, 0.99),
-            walls[n - 1],
-        )
-    } else {
-        (0, 0, 0, 0)
-    };
-    let closure: Vec<f64> = details
-        .iter()
-        .map(|d| d.parts.uncovered_ns / d.wall_ns.max(1) as f64)
-        .collect();
-    // The tail: at or above p99, and at least the 5 slowest when there are 50 requests or
-    // more, so one outlier does not make the whole story.
-    let tail_from = walls.partition_point(|&w| w < p99);
-    let tail_from = if n >= 50 {
-        tail_from.min(n - 5)
-    } else {
-        tail_from
-    };
-    let tail_idx: Vec<usize> = order[tail_from.min(n)..].to_vec();
-    let (m0, m1) = (
-        (n as f64 * 0.4) as usize,
-        ((n as f64 * 0.6) as usize).max(1),
-    );
-    let median_idx: Vec<usize> = order[m0.min(n)..m1.min(n)].to_vec();
-    // What a normal request is, then the queues followed with it, then the groups.
-    let median_parts: Vec<&Breakdown> = median_idx.iter().map(|&i| &details[i].parts).collect();
-    let normal = queue::Normal {
-        wall_ns: median_idx
-            .iter()
-            .map(|&i| details[i].wall_ns as f64)
-            .sum::<f64>()
-            / median_idx.len().max(1) as f64,
-        parts: Breakdown::mean(&median_parts),
-    };
-    follow_queues(&mut details, &queued_spans, &normal);
-    let pick =
-        |idx: &[usize]| -> Vec<&RequestDetail> { idx.iter().map(|&i| &details[i]).collect() };
-    let oncpu = normal.parts.oncpu_ns;
-    let (median, tail) = (
-        group(&pick(&median_idx), oncpu),
-        group(&pick(&tail_idx), oncpu),
-    );
-    let jitter_ratio = if p50 > 0 {
-        p99 as f64 / p50 as f64
-    } else {
-        0.0
-    };
-    let slowest = order
-        .iter()
-        .rev()
-        .take(5)
-        .map(|&i| details[i].clone())
-        .collect();
-    Some(RequestAnalysis {
-        source: set.source,
-        requests: n,
-        unpaired: set.unpaired,
-        untraced_requests: untraced.len(),
-        untraced_tids,
-        p50_ns: p50,
-        p90_ns: p90,
-        p99_ns: p99,
-        max_ns: max,
-        jitter_ratio,
-        jitter: n >= MIN_REQUESTS
-            && (jitter_ratio >= JITTER_RATIO
-                || jitter_ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
-            && p99.saturating_sub(p50) >= JITTER_FLOOR_NS,
-        closure_error_max: closure.iter().copied().fold(0.0, f64::max),
-        closure_within_5pct: if n > 0 {
-            closure.iter().filter(|&&c| c <= 0.05).count() as f64 / n as f64
+    let mut tids = untraced.clone();
+    tids.sort_unstable();
+    tids.dedup();
+    tids.truncate(8);
+    (untraced.len(), tids)
+}
+
+/// The requests by wall time: their quantiles, and which are the tail and the median.
+struct Ranked {
+    /// Indices, fastest first (ties in order of end).
+    order: Vec<usize>,
+    p50: u64,
+    p90: u64,
+    p99: u64,
+    max: u64,
+    tail: Vec<usize>,
+    median: Vec<usize>,
+}
+
+impl Ranked {
+    fn of(details: &[RequestDetail]) -> Self {
+        let n = details.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (details[i].wall_ns, i));
+        let walls: Vec<u64> = order.iter().map(|&i| details[i].wall_ns).collect();
+        let (p50, p90, p99, max) = if n > 0 {
+            (
+                quantile(&walls, 0.5),
+                quantile(&walls, 0.9),
+                quantile(&walls, 0.99),
+                walls[n - 1],
+            )
         } else {
-            1.0
-        },
-        excess: tail.mean.minus(&median.mean),
-        excess_ns: tail.wall_ns_mean - median.wall_ns_mean,
-        median,
-        tail,
-        slowest,
-    })
+            (0, 0, 0, 0)
+        };
+        // The tail: at or above p99, and at least the 5 slowest when there are 50 requests
+        // or more, so one outlier does not make the whole story.
+        let tail_from = walls.partition_point(|&w| w < p99);
+        let tail_from = if n >= 50 {
+            tail_from.min(n - 5)
+        } else {
+            tail_from
+        };
+        let (m0, m1) = (
+            (n as f64 * 0.4) as usize,
+            ((n as f64 * 0.6) as usize).max(1),
+        );
+        Ranked {
+            tail: order[tail_from.min(n)..].to_vec(),
+            median: order[m0.min(n)..m1.min(n)].to_vec(),
+            order,
+            p50,
+            p90,
+            p99,
+            max,
+        }
+    }
 }
