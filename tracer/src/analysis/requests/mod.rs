@@ -204,6 +204,41 @@ fn piece(
     (p, lock)
 }
 
+/// The time in device-wide synchronizing calls (which wait for all the process's queued GPU
+/// work, not only the request's) within `[s, e)`.
+fn device_sync_ns(v: &ThreadView, s: u64, e: u64) -> f64 {
+    let device_wide: Vec<&CudaSpan> = v
+        .syncs
+        .iter()
+        .copied()
+        .filter(|c| {
+            matches!(
+                CudaFn::try_from(c.function),
+                Ok(CudaFn::CtxSynchronize | CudaFn::RtDeviceSynchronize)
+            )
+        })
+        .collect();
+    sync_overlap(&device_wide, s, e) as f64
+}
+
+/// The thread's moves between CPUs within `[s, e)`.
+fn migrations_in(v: &ThreadView, s: u64, e: u64) -> u32 {
+    let from = v.migrations.partition_point(|&t| t < s);
+    v.migrations[from..].iter().take_while(|&&t| t < e).count() as u32
+}
+
+/// LLC misses and instructions within `[s, e)`: each counter slice's share by its overlap.
+fn llc_in(v: &ThreadView, s: u64, e: u64) -> (f64, f64) {
+    let (mut misses, mut instr) = (0.0, 0.0);
+    let from = v.slices.partition_point(|x| x.1 <= s);
+    for &(a, b, m, n) in v.slices[from..].iter().take_while(|x| x.0 < e) {
+        let f = overlap(a, b, s, e) as f64 / (b - a).max(1) as f64;
+        misses += m as f64 * f;
+        instr += n as f64 * f;
+    }
+    (misses, instr)
+}
+
 /// Decomposes `r` on its serving thread. Until `busy_until` (the end of the thread's previous
 /// request) the thread's CPU time went to earlier requests: this one was queued.
 fn decompose<'a>(
@@ -267,32 +302,7 @@ fn decompose<'a>(
     rank_blocked(&mut blocked_by);
     let wall = r.wall_ns();
     p.uncovered_ns = (wall as f64 - p.covered_ns()).max(0.0);
-    let device_wide: Vec<&CudaSpan> = v
-        .syncs
-        .iter()
-        .copied()
-        .filter(|c| {
-            matches!(
-                CudaFn::try_from(c.function),
-                Ok(CudaFn::CtxSynchronize | CudaFn::RtDeviceSynchronize)
-            )
-        })
-        .collect();
-    let cuda_device_sync_ns = sync_overlap(&device_wide, s, e) as f64;
-    let m_from = v.migrations.partition_point(|&t| t < s);
-    let migrations = v.migrations[m_from..]
-        .iter()
-        .take_while(|&&t| t < e)
-        .count() as u32;
-    let (mut misses, mut instr) = (0.0, 0.0);
-    if llc {
-        let from = v.slices.partition_point(|x| x.1 <= s);
-        for &(a, b, m, n) in v.slices[from..].iter().take_while(|x| x.0 < e) {
-            let f = overlap(a, b, s, e) as f64 / (b - a).max(1) as f64;
-            misses += m as f64 * f;
-            instr += n as f64 * f;
-        }
-    }
+    let (misses, instr) = if llc { llc_in(v, s, e) } else { (0.0, 0.0) };
     let detail = RequestDetail {
         start_ns: s,
         end_ns: e,
@@ -300,8 +310,8 @@ fn decompose<'a>(
         id: r.id,
         wall_ns: wall,
         parts: p,
-        migrations,
-        cuda_device_sync_ns,
+        migrations: migrations_in(v, s, e),
+        cuda_device_sync_ns: device_sync_ns(v, s, e),
         llc_misses: llc.then_some(misses),
         instructions: llc.then_some(instr),
         lock_holders: holders,
