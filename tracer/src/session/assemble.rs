@@ -225,6 +225,44 @@ impl Kernel {
     }
 }
 
+/// The tasks that ran while the target waited, each named by its process (from /proc, read
+/// now), its cgroup and its parent.
+fn named_preemptors(
+    target: &Target,
+    kernel: Vec<Preemptor>,
+    threads: &[ThreadStats],
+) -> Vec<PreemptorRecord> {
+    let ids = kernel
+        .iter()
+        .map(|p| p.cgroup_id)
+        .filter(|&i| i != 0)
+        .collect();
+    preemptor_records(
+        kernel,
+        threads,
+        |tgid| target.proc_pid_of(tgid).and_then(comm_of),
+        &cgroup2_paths(&ids),
+        |tgid| {
+            let ppid = process_stat(target.proc_pid_of(tgid)?)?.0;
+            target.host_tid(ppid)
+        },
+    )
+}
+
+/// What the recording could measure: the probes' (PMU, BTF, CUDA), tracefs, the GPU's.
+fn capabilities(
+    probes: &SchedProbes,
+    gpu: Capability,
+    polled: Option<&GpuRecording>,
+) -> Capabilities {
+    Capabilities {
+        pmu: probes.pmu.clone(),
+        btf: probes.btf_capability.clone(),
+        tracefs: host::tracefs(),
+        gpu: GpuCapability::from_parts(gpu, gpm_capability(polled), probes.cuda.clone()),
+    }
+}
+
 /// Joins the kernel's accounts and everything else into the recording.
 pub fn recording(
     targets: &Targets,
@@ -244,21 +282,7 @@ pub fn recording(
         losses,
         forked,
     } = k;
-    let ids = kernel_preemptors
-        .iter()
-        .map(|p| p.cgroup_id)
-        .filter(|&i| i != 0)
-        .collect();
-    let preemptors = preemptor_records(
-        kernel_preemptors,
-        &kernel,
-        |tgid| target.proc_pid_of(tgid).and_then(comm_of),
-        &cgroup2_paths(&ids),
-        |tgid| {
-            let ppid = process_stat(target.proc_pid_of(tgid)?)?.0;
-            target.host_tid(ppid)
-        },
-    );
+    let preemptors = named_preemptors(target, kernel_preemptors, &kernel);
     let migration_routes = migrations
         .into_iter()
         .map(|(k, count)| MigrationRoute {
@@ -302,16 +326,7 @@ pub fn recording(
         migration_routes,
         losses,
         events_received: col.records,
-        capabilities: Capabilities {
-            pmu: probes.pmu.clone(),
-            btf: probes.btf_capability.clone(),
-            tracefs: host::tracefs(),
-            gpu: GpuCapability::from_parts(
-                w.gpu_capability,
-                gpm_capability(w.gpu.as_ref()),
-                probes.cuda.clone(),
-            ),
-        },
+        capabilities: capabilities(probes, w.gpu_capability, w.gpu.as_ref()),
         counter_mask: probes.counter_mask,
         counter_bins: Default::default(),
         gpu: w.gpu,
