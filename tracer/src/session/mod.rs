@@ -12,12 +12,14 @@ use tokio::{
 };
 mod assemble;
 mod cgroups;
+mod end;
 mod flight;
 mod wait;
 mod windows;
 
+pub use end::Finished;
 pub use flight::{FlightStore, Held as FlightHeld};
-pub use windows::{CUT_LAG, Finished};
+pub use windows::CUT_LAG;
 
 use crate::{
     recording::{
