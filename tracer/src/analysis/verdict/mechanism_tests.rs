@@ -1,6 +1,7 @@
 //! The mechanisms' ids, texts and advice.
 
 use super::*;
+use crate::analysis::verdict::words::{OTHERS, OWN};
 
 #[test]
 fn the_id_is_what_the_json_says() {

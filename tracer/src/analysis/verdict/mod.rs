@@ -15,6 +15,7 @@ mod placement;
 mod queue;
 mod ranks;
 mod requests;
+mod words;
 
 pub use model::{Basis, Cause, Mechanism, NotAssessed, Primary, Verdict};
 
