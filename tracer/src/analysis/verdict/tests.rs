@@ -827,6 +827,17 @@ fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
     assert_eq!(verdict(&rec).primary, Primary::GpuSaturation);
 }
 
+/// The serving thread launches kernels (100,000 in the window) and hardly synchronizes.
+fn launching(rec: &mut Recording) {
+    rec.threads.iter_mut().find(|t| t.tid == TID).unwrap().cuda = Some(CudaTotals {
+        launches: 100_000,
+        sync_calls: 10,
+        sync_ns: 10_000,
+        sync_max_ns: 1_000,
+        ..Default::default()
+    });
+}
+
 #[test]
 fn a_server_on_its_cpu_through_every_request_while_the_gpu_idles_is_host_bound() {
     // Requests of 1 ms on a CPU launching kernels, 2 ms apart: on a CPU a third of the window
@@ -834,14 +845,7 @@ fn a_server_on_its_cpu_through_every_request_while_the_gpu_idles_is_host_bound()
     let mut s = Server::new();
     s.serve(200, 20, &NORMAL, &NORMAL);
     let mut rec = s.finish(vec![]);
-    let t = rec.threads.iter_mut().find(|t| t.tid == TID).unwrap();
-    t.cuda = Some(CudaTotals {
-        launches: 100_000,
-        sync_calls: 10,
-        sync_ns: 10_000,
-        sync_max_ns: 1_000,
-        ..Default::default()
-    });
+    launching(&mut rec);
     with_gpu(&mut rec, 20.0);
     let v = verdict(&rec);
     assert_eq!(v.primary, Primary::HostBound, "{v:?}");
@@ -872,13 +876,7 @@ fn a_tail_of_longer_on_cpu_time_in_a_thread_pacing_its_gpu_is_host_bound() {
     s.serve(200, 5, &NORMAL, &[Run(3 * MS)]);
     let mut rec = s.finish(vec![]);
     assert_eq!(verdict(&rec).primary, Primary::Unexplained);
-    rec.threads.iter_mut().find(|t| t.tid == TID).unwrap().cuda = Some(CudaTotals {
-        launches: 100_000,
-        sync_calls: 10,
-        sync_ns: 10_000,
-        sync_max_ns: 1_000,
-        ..Default::default()
-    });
+    launching(&mut rec);
     with_gpu(&mut rec, 20.0);
     let v = verdict(&rec);
     assert_eq!(
