@@ -303,40 +303,9 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
         otlp,
         windows: 0,
         prev: None,
-        flight: args.keep.map(|keep| {
-            flight::Flight::new(flight::Settings {
-                keep,
-                interval: args.interval,
-                dir: args.flight_dir.clone(),
-                trigger_p99: args.trigger_p99,
-                auto: !args.no_auto_trigger,
-                every: args.trigger_every,
-                max_files: args.max_files,
-            })
-        }),
+        flight: flight_recorder(args),
     };
-    let mut next = tokio::time::Instant::now() + args.interval;
-    let end_reason = loop {
-        match session.wait(Some(next)).await? {
-            Wake::Deadline => {
-                // The last window is the run's end: `finish` closes it exactly there.
-                if args.count.is_some_and(|n| sinks.windows + 1 >= n) {
-                    break EndReason::Duration;
-                }
-                session.begin_cut()?;
-                if let Some(stop) = lag(&mut session, &mut sinks).await? {
-                    break stop;
-                }
-                let rec = session.end_cut()?;
-                sinks.window(rec, Some(&mut session))?;
-                next += args.interval;
-            }
-            Wake::Hangup => sinks.out.reopen(),
-            Wake::Trigger => trigger(&mut sinks),
-            Wake::Interrupted => break EndReason::Interrupted,
-            Wake::TargetExited => break EndReason::TargetExited,
-        }
-    };
+    let end_reason = windows(args, &mut session, &mut sinks).await?;
     let mut finished = session.finish(end_reason).await?;
     drop(exporter);
     // The last windows keep and trigger as every other: a trigger that came just before the
@@ -364,6 +333,52 @@ async fn watch(args: &WatchArgs, targets: &Targets, opts: &SessionOptions) -> Re
     let written = sinks.out.finish();
     let exported = sinks.otlp.take().map(otlp::Otlp::finish).transpose();
     written.and(exported).map(|_| ())
+}
+
+/// The flight recorder `--keep` asks for, with its triggers.
+fn flight_recorder(args: &WatchArgs) -> Option<flight::Flight> {
+    args.keep.map(|keep| {
+        flight::Flight::new(flight::Settings {
+            keep,
+            interval: args.interval,
+            dir: args.flight_dir.clone(),
+            trigger_p99: args.trigger_p99,
+            auto: !args.no_auto_trigger,
+            every: args.trigger_every,
+            max_files: args.max_files,
+        })
+    })
+}
+
+/// Cuts a window every interval and hands it to the sinks, until the count is reached, a
+/// signal ends the run or the target exits (the reason). The last window is `finish`'s.
+async fn windows(
+    args: &WatchArgs,
+    session: &mut Session<'_>,
+    sinks: &mut Sinks,
+) -> Result<EndReason> {
+    let mut next = tokio::time::Instant::now() + args.interval;
+    loop {
+        match session.wait(Some(next)).await? {
+            Wake::Deadline => {
+                // The last window is the run's end: `finish` closes it exactly there.
+                if args.count.is_some_and(|n| sinks.windows + 1 >= n) {
+                    return Ok(EndReason::Duration);
+                }
+                session.begin_cut()?;
+                if let Some(stop) = lag(session, sinks).await? {
+                    return Ok(stop);
+                }
+                let rec = session.end_cut()?;
+                sinks.window(rec, Some(session))?;
+                next += args.interval;
+            }
+            Wake::Hangup => sinks.out.reopen(),
+            Wake::Trigger => trigger(sinks),
+            Wake::Interrupted => return Ok(EndReason::Interrupted),
+            Wake::TargetExited => return Ok(EndReason::TargetExited),
+        }
+    }
 }
 
 /// While a cut window's last records arrive: the signals still act; one that ends the run
