@@ -135,7 +135,6 @@ fn throttled_period_share(s: &Summary) -> f64 {
 /// Contention, throttling, idle-CPU wakeups and forced moves, each over its threshold:
 /// (ns lost, cause).
 fn scheduling(s: &Summary, w: &Waits) -> Vec<(f64, Cause)> {
-    let t = &s.totals;
     let wanted = w.wanted;
     let mut lost = Vec::new();
     if w.contention_ns / wanted >= CONTENTION_MIN {
@@ -199,6 +198,14 @@ fn scheduling(s: &Summary, w: &Waits) -> Vec<(f64, Cause)> {
         ));
     }
 
+    lost.extend(forced_moves(s, w));
+    lost
+}
+
+/// Forced moves (migrated while waiting), at `MIGRATION_RATE_MIN` or more per busy thread a
+/// second: the waits after them and behind the migration stopper.
+fn forced_moves(s: &Summary, w: &Waits) -> Option<(f64, Cause)> {
+    let t = &s.totals;
     let secs = (s.duration_ns as f64 / 1e9).max(1e-3);
     let busy = s
         .threads
@@ -207,25 +214,25 @@ fn scheduling(s: &Summary, w: &Waits) -> Vec<(f64, Cause)> {
         .count()
         .max(1) as f64;
     let forced_rate = t.wait_classes.migration_waits as f64 / secs / busy;
-    if forced_rate >= MIGRATION_RATE_MIN {
-        let ns = w.migration_ns + w.stopper_ns;
-        lost.push((
-            ns.max(1.0),
-            Cause::new(
-                Mechanism::Migrations,
-                0.0,
-                format!(
-                    "{forced_rate:.0} forced moves per second per busy thread ({} migrations in all: {} same-LLC, {} cross-LLC, {} cross-NUMA); {} waiting after moves and behind the migration stopper",
-                    t.switches.migrations,
-                    t.migrations_same_llc + t.migrations_same_core,
-                    t.migrations_cross_llc,
-                    t.migrations_cross_numa,
-                    ms(ns)
-                ),
-            ),
-        ));
+    if forced_rate < MIGRATION_RATE_MIN {
+        return None;
     }
-    lost
+    let ns = w.migration_ns + w.stopper_ns;
+    Some((
+        ns.max(1.0),
+        Cause::new(
+            Mechanism::Migrations,
+            0.0,
+            format!(
+                "{forced_rate:.0} forced moves per second per busy thread ({} migrations in all: {} same-LLC, {} cross-LLC, {} cross-NUMA); {} waiting after moves and behind the migration stopper",
+                t.switches.migrations,
+                t.migrations_same_llc + t.migrations_same_core,
+                t.migrations_cross_llc,
+                t.migrations_cross_numa,
+                ms(ns)
+            ),
+        ),
+    ))
 }
 
 /// A thread waiting in CUDA synchronization much of its busy time on a busy GPU.
