@@ -162,13 +162,23 @@ fn working_children(s: &Summary) -> Option<String> {
 }
 
 fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
+    let mut out = signals_not_measured(s);
+    out.extend(recording_short(s));
+    out
+}
+
+fn gap(signal: &str, reason: String) -> NotAssessed {
+    NotAssessed {
+        signal: signal.into(),
+        reason,
+    }
+}
+
+/// The signals this host or this recording could not measure: child processes' work, cache
+/// misses, the GPU and its waits, the cgroup's throttling, request latency.
+fn signals_not_measured(s: &Summary) -> Vec<NotAssessed> {
     let mut out = Vec::new();
-    let mut add = |signal: &str, reason: String| {
-        out.push(NotAssessed {
-            signal: signal.into(),
-            reason,
-        })
-    };
+    let mut add = |signal: &str, reason: String| out.push(gap(signal, reason));
     if let Some(why) = working_children(s) {
         add("child_processes", why);
     }
@@ -211,6 +221,14 @@ fn not_assessed(s: &Summary) -> Vec<NotAssessed> {
                 .into(),
         );
     }
+    out
+}
+
+/// Where the recording itself falls short: a window under a second, an unfinished trace
+/// file, a timeline with gaps.
+fn recording_short(s: &Summary) -> Vec<NotAssessed> {
+    let mut out = Vec::new();
+    let mut add = |signal: &str, reason: String| out.push(gap(signal, reason));
     if s.duration_ns < MIN_WINDOW_NS {
         add(
             "window_length",
