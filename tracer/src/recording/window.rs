@@ -295,6 +295,26 @@ fn add_window(out: &mut Recording, w: &Recording) {
         }
     }
     out.threads = threads.into_values().collect();
+    add_kernel_lists(out, w);
+    add_losses(&mut out.losses, &w.losses);
+    out.events_received += w.events_received;
+    add_samples(out, w);
+    if let (Some(a), Some(b)) = (out.tracer_cost.as_mut(), &w.tracer_cost) {
+        a.cpu_ns += b.cpu_ns;
+        a.cpu_share = a.cpu_ns as f64 / (out.end_ns - out.start_ns).max(1) as f64;
+        a.peak_rss_bytes = a.peak_rss_bytes.max(b.peak_rss_bytes);
+    }
+    if let (Some(a), Some(b)) = (out.proc_counts.as_mut(), &w.proc_counts) {
+        a.end = b.end.clone();
+        a.steal_end = b.steal_end.clone();
+    }
+    out.children = w.children.clone();
+    out.processes = w.processes.clone();
+}
+
+/// The kernel's lists keyed by task or route: who ran while the threads waited, the moves,
+/// who woke whom; the same key's counts added up.
+fn add_kernel_lists(out: &mut Recording, w: &Recording) {
     for p in &w.preemptors {
         match out
             .preemptors
@@ -337,8 +357,10 @@ fn add_window(out: &mut Recording, w: &Recording) {
             None => out.wakers.push(k.clone()),
         }
     }
-    add_losses(&mut out.losses, &w.losses);
-    out.events_received += w.events_received;
+}
+
+/// The samples taken over time: GPU polls and utilization, the cgroups' counters.
+fn add_samples(out: &mut Recording, w: &Recording) {
     match (out.gpu.as_mut(), &w.gpu) {
         (Some(a), Some(b)) => {
             // Each window starts from the last one's final poll: once is enough.
@@ -360,17 +382,6 @@ fn add_window(out: &mut Recording, w: &Recording) {
         a.samples
             .extend(b.samples.iter().filter(|s| Some(s.t_ns) > last).cloned());
     }
-    if let (Some(a), Some(b)) = (out.tracer_cost.as_mut(), &w.tracer_cost) {
-        a.cpu_ns += b.cpu_ns;
-        a.cpu_share = a.cpu_ns as f64 / (out.end_ns - out.start_ns).max(1) as f64;
-        a.peak_rss_bytes = a.peak_rss_bytes.max(b.peak_rss_bytes);
-    }
-    if let (Some(a), Some(b)) = (out.proc_counts.as_mut(), &w.proc_counts) {
-        a.end = b.end.clone();
-        a.steal_end = b.steal_end.clone();
-    }
-    out.children = w.children.clone();
-    out.processes = w.processes.clone();
 }
 
 fn add_losses(a: &mut Losses, b: &Losses) {
