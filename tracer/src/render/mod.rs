@@ -1,5 +1,6 @@
 //! Renderers: turn an analysis result into what people read.
 
+mod gpu_text;
 mod held_up;
 pub mod html;
 pub mod otlp;
