@@ -114,6 +114,74 @@ impl ThreadTimeline {
         self.state = Some(state);
         self.since = ts;
     }
+
+    /// A switch-in at `ts`: it runs on `ev.cpu`, and the wait it ended gets its kind.
+    fn switch_in(&mut self, ev: &Event, ts: u64, start: u64) {
+        self.unsure = false;
+        if self.state == Some(State::Runnable) && ev.value > 0 {
+            self.waits.push((ev.value, ev.cpu));
+        }
+        self.cpu = Some(ev.cpu);
+        self.go(ts, State::Running, State::Runnable, start);
+        if let (Some(last), Some(kind)) = (self.intervals.last_mut(), WaitKind::of(ev))
+            && last.state == State::Runnable
+            && last.end_ns == ts
+        {
+            last.wait = Some((kind, ev.aux));
+            last.throttled_ns = ev.throttled_ns().min(last.end_ns - last.start_ns);
+        }
+    }
+
+    /// A switch-out at `ts`: preempted, it waits for a CPU; else it blocks, or ends if it exited.
+    fn switch_out(&mut self, ev: &Event, ts: u64, start: u64) {
+        self.cpu = Some(ev.cpu);
+        if self.state == Some(State::Runnable) {
+            // Switching out while waiting: the switch-in that ended the wait went
+            // untraced (losses.unseen_switch_ins; PID 1's switches on our VMs). As
+            // the kernel side does (`repair_unseen_switch_in`), the time since counts
+            // as running, on this CPU: no wait ended by a switch-in is left open.
+            self.state = Some(State::Running);
+        }
+        if ev.aux & 1 == 1 {
+            self.unsure = ev.aux & SWITCH_RUNNABLE_UNSURE != 0;
+            self.switches.involuntary_switches += 1;
+            self.go(ts, State::Runnable, State::Running, start);
+        } else {
+            self.switches.voluntary_switches += 1;
+            self.go(ts, State::Blocked, State::Running, start);
+            if self.exited_ns.is_some() {
+                self.close(ts);
+                self.state = None;
+                self.dead = true;
+            }
+        }
+    }
+
+    /// A wakeup at `ts`: a blocked thread turns runnable, its blocked interval saying who woke it.
+    fn wakeup(&mut self, ev: &Event, ts: u64, start: u64) {
+        if std::mem::take(&mut self.unsure) && self.state == Some(State::Runnable) {
+            // It had blocked after all, as the kernel side decided too.
+            self.switches.involuntary_switches -= 1;
+            self.switches.voluntary_switches += 1;
+            self.state = Some(State::Blocked);
+        }
+        if !matches!(self.state, Some(State::Running | State::Runnable)) {
+            self.switches.wakeups += 1;
+            self.cpu = Some(ev.cpu);
+            self.go(ts, State::Runnable, State::Blocked, start);
+            if let Some(last) = self.intervals.last_mut()
+                && last.state == State::Blocked
+                && last.end_ns == ts
+            {
+                let (syscall, flags) = wakeup_how(ev.value);
+                last.woken = Some(Woken {
+                    by: if flags & WAKER_IDLE != 0 { 0 } else { ev.aux },
+                    syscall,
+                    flags,
+                });
+            }
+        }
+    }
 }
 
 /// Rebuilds every thread's intervals over `[start, end]` from the events, in time order. The
@@ -149,68 +217,9 @@ pub fn build(events: &[Event], start: u64, end: u64) -> Timelines {
             continue;
         }
         match kind {
-            EventKind::SwitchIn => {
-                t.unsure = false;
-                if t.state == Some(State::Runnable) && ev.value > 0 {
-                    t.waits.push((ev.value, ev.cpu));
-                }
-                t.cpu = Some(ev.cpu);
-                t.go(ts, State::Running, State::Runnable, start);
-                if let (Some(last), Some(kind)) = (t.intervals.last_mut(), WaitKind::of(ev))
-                    && last.state == State::Runnable
-                    && last.end_ns == ts
-                {
-                    last.wait = Some((kind, ev.aux));
-                    last.throttled_ns = ev.throttled_ns().min(last.end_ns - last.start_ns);
-                }
-            }
-            EventKind::SwitchOut => {
-                t.cpu = Some(ev.cpu);
-                if t.state == Some(State::Runnable) {
-                    // Switching out while waiting: the switch-in that ended the wait went
-                    // untraced (losses.unseen_switch_ins; PID 1's switches on our VMs). As
-                    // the kernel side does (`repair_unseen_switch_in`), the time since counts
-                    // as running, on this CPU: no wait ended by a switch-in is left open.
-                    t.state = Some(State::Running);
-                }
-                if ev.aux & 1 == 1 {
-                    t.unsure = ev.aux & SWITCH_RUNNABLE_UNSURE != 0;
-                    t.switches.involuntary_switches += 1;
-                    t.go(ts, State::Runnable, State::Running, start);
-                } else {
-                    t.switches.voluntary_switches += 1;
-                    t.go(ts, State::Blocked, State::Running, start);
-                    if t.exited_ns.is_some() {
-                        t.close(ts);
-                        t.state = None;
-                        t.dead = true;
-                    }
-                }
-            }
-            EventKind::Wakeup | EventKind::WakeupNew => {
-                if std::mem::take(&mut t.unsure) && t.state == Some(State::Runnable) {
-                    // It had blocked after all, as the kernel side decided too.
-                    t.switches.involuntary_switches -= 1;
-                    t.switches.voluntary_switches += 1;
-                    t.state = Some(State::Blocked);
-                }
-                if !matches!(t.state, Some(State::Running | State::Runnable)) {
-                    t.switches.wakeups += 1;
-                    t.cpu = Some(ev.cpu);
-                    t.go(ts, State::Runnable, State::Blocked, start);
-                    if let Some(last) = t.intervals.last_mut()
-                        && last.state == State::Blocked
-                        && last.end_ns == ts
-                    {
-                        let (syscall, flags) = wakeup_how(ev.value);
-                        last.woken = Some(Woken {
-                            by: if flags & WAKER_IDLE != 0 { 0 } else { ev.aux },
-                            syscall,
-                            flags,
-                        });
-                    }
-                }
-            }
+            EventKind::SwitchIn => t.switch_in(ev, ts, start),
+            EventKind::SwitchOut => t.switch_out(ev, ts, start),
+            EventKind::Wakeup | EventKind::WakeupNew => t.wakeup(ev, ts, start),
             EventKind::Migrate => {
                 t.switches.migrations += 1;
                 t.cpu = Some(ev.cpu);
