@@ -21,7 +21,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    analysis::{Report, wakers::Classifier},
+    analysis::{Report, summary::Summary, wakers::Classifier},
     recording::Recording,
 };
 
@@ -129,23 +129,11 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// Every exported series; `add` folds a window into them.
 pub struct Metrics {
     registry: Registry,
-    attributed: Family<CauseLabels, FloatCounter>,
-    windows: Family<PrimaryLabels, Counter>,
-    window_seconds: FloatCounter,
-    runq_wait: Family<RoleLabels, Log2Histogram>,
-    blocked: Family<WakerLabels, Log2Histogram>,
-    latency: Histogram,
-    gpu_util: Family<GpuLabels, FloatGauge>,
-    sm_clock: Family<GpuLabels, FloatGauge>,
-    violation: Family<PolicyLabels, FloatCounter>,
-    dropped: Counter,
-    late: Counter,
-    own_cpu: FloatCounter,
-    own_rss: Gauge,
-    /// The last window's end, CLOCK_REALTIME seconds.
-    last_window: FloatGauge,
-    triggers: Counter,
-    flight_bytes: Gauge,
+    causes: CauseSeries,
+    sched: SchedSeries,
+    requests: RequestSeries,
+    gpu: GpuSeries,
+    own: OwnSeries,
     /// The tracer's resident memory, as the watch loop last read it.
     rss_now: Arc<AtomicU64>,
     /// The process roles given series of their own so far (`MAX_ROLES`).
@@ -164,8 +152,191 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every series, family by family, in the order the exposition lists them.
     pub fn new() -> Self {
         let mut r = Registry::default();
+        let causes = CauseSeries::register(&mut r);
+        let sched = SchedSeries::register(&mut r);
+        let requests = RequestSeries::register(&mut r);
+        let gpu = GpuSeries::register(&mut r);
+        let own = OwnSeries::register(&mut r);
+        Self {
+            registry: r,
+            causes,
+            sched,
+            requests,
+            gpu,
+            own,
+            rss_now: Arc::default(),
+            roles: Default::default(),
+        }
+    }
+
+    /// The exposition, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        self.own
+            .own_rss
+            .set(self.rss_now.load(Ordering::Relaxed) as i64);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// The tracer's resident memory now, reported at the next scrape.
+    pub fn set_rss(&self, bytes: u64) {
+        self.rss_now.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn set_flight_bytes(&self, bytes: u64) {
+        self.own.flight_bytes.set(bytes as i64);
+    }
+
+    pub fn count_trigger(&self) {
+        self.own.triggers.inc();
+    }
+
+    /// The label of a process role: its own among the first `MAX_ROLES`, else `other`.
+    fn role(&self, name: &str) -> String {
+        let name = label(name);
+        let mut roles = self.roles.lock().unwrap_or_else(|e| e.into_inner());
+        if roles.contains(&name) || roles.len() < MAX_ROLES {
+            roles.insert(name.clone());
+            name
+        } else {
+            "other".into()
+        }
+    }
+
+    /// Adds one window.
+    pub fn add(&self, rec: &Recording, report: &Report) {
+        let (s, v) = (&report.summary, &report.verdict);
+        let role_of = |pid: u32| {
+            s.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .map_or_else(|| "unknown".to_string(), |p| self.role(&p.role))
+        };
+        let service_role = if s.processes.len() == 1 {
+            self.role(&s.processes[0].role)
+        } else {
+            "service".to_string()
+        };
+        for c in &v.causes {
+            let labels = CauseLabels {
+                cause: super::serde_name(&c.cause()),
+                mechanism_id: c.mechanism.id().to_string(),
+                process_role: c
+                    .acts_in
+                    .as_ref()
+                    .map_or_else(|| service_role.clone(), |a| self.role(&a.role)),
+            };
+            self.causes
+                .attributed
+                .get_or_create(&labels)
+                .inc_by(c.attributed_ns.max(0.0) / 1e9);
+        }
+        self.causes
+            .windows
+            .get_or_create(&PrimaryLabels {
+                primary: super::serde_name(&v.primary),
+            })
+            .inc();
+        self.causes
+            .window_seconds
+            .inc_by(s.duration_ns as f64 / 1e9);
+        for t in &rec.threads {
+            self.sched
+                .runq_wait
+                .get_or_create(&RoleLabels {
+                    process_role: role_of(t.pid),
+                })
+                .add(t.totals.time.runq_wait_ns, &t.runq_wait_log2_hist);
+        }
+        let classify = Classifier::new(rec);
+        let pid_of: std::collections::HashMap<u32, u32> =
+            rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
+        for w in &rec.wakers {
+            let pid = pid_of.get(&w.tid).copied().unwrap_or(0);
+            let kind = classify.of_record(w).kind;
+            self.sched
+                .blocked
+                .get_or_create(&WakerLabels {
+                    process_role: role_of(pid),
+                    waker: super::serde_name(&kind),
+                })
+                .add(w.blocked_ns, &w.hist);
+        }
+        if let Some(reqs) = &rec.requests {
+            for r in &reqs.spans {
+                self.requests
+                    .latency
+                    .observe(r.end_ns.saturating_sub(r.start_ns) as f64 / 1e9);
+            }
+        }
+        self.add_gpu(report);
+        self.add_own(rec, s);
+    }
+
+    /// Adds one window's losses, the tracer's own CPU time, and when the window ended.
+    fn add_own(&self, rec: &Recording, s: &Summary) {
+        let l = &s.losses;
+        self.own.dropped.inc_by(
+            l.ringbuf_dropped
+                + l.thread_map_full
+                + l.preemptor_map_full
+                + l.migration_map_full
+                + l.child_map_full
+                + l.waker_map_full,
+        );
+        self.own.late.inc_by(l.late_records);
+        if let Some(c) = &s.tracer_cost {
+            self.own.own_cpu.inc_by(c.cpu_ns as f64 / 1e9);
+        }
+        self.own
+            .last_window
+            .set(rec.host.unix_ns(rec.end_ns) as f64 / 1e9);
+    }
+
+    fn add_gpu(&self, report: &Report) {
+        let Some(g) = &report.summary.gpu else {
+            return;
+        };
+        for d in &g.devices {
+            let labels = GpuLabels {
+                gpu: d.index.to_string(),
+                uuid: d.uuid.clone(),
+            };
+            if let Some(u) = d.util_gpu_pct {
+                self.gpu.gpu_util.get_or_create(&labels).set(u / 100.0);
+            }
+            if let Some(c) = d.sm_clock_mhz {
+                self.gpu.sm_clock.get_or_create(&labels).set(c * 1e6);
+            }
+            for v in &d.clock_violations {
+                self.gpu
+                    .violation
+                    .get_or_create(&PolicyLabels {
+                        gpu: labels.gpu.clone(),
+                        uuid: labels.uuid.clone(),
+                        policy: v.policy.clone(),
+                    })
+                    .inc_by(v.ns as f64 / 1e9);
+            }
+        }
+    }
+}
+
+/// The windows and the causes found in them.
+struct CauseSeries {
+    attributed: Family<CauseLabels, FloatCounter>,
+    windows: Family<PrimaryLabels, Counter>,
+    window_seconds: FloatCounter,
+}
+
+impl CauseSeries {
+    /// Registers the series of the windows and their causes.
+    fn register(r: &mut Registry) -> Self {
         let attributed = Family::<CauseLabels, FloatCounter>::default();
         r.register_with_unit(
             "tracer_attributed",
@@ -187,6 +358,23 @@ impl Metrics {
             Unit::Seconds,
             window_seconds.clone(),
         );
+        Self {
+            attributed,
+            windows,
+            window_seconds,
+        }
+    }
+}
+
+/// The target's threads' scheduling: run-queue waits and blocked intervals.
+struct SchedSeries {
+    runq_wait: Family<RoleLabels, Log2Histogram>,
+    blocked: Family<WakerLabels, Log2Histogram>,
+}
+
+impl SchedSeries {
+    /// Registers the run-queue wait and blocked-interval histograms.
+    fn register(r: &mut Registry) -> Self {
         let runq_wait = Family::<RoleLabels, Log2Histogram>::default();
         r.register_with_unit(
             "tracer_runqueue_wait",
@@ -201,6 +389,18 @@ impl Metrics {
             Unit::Seconds,
             blocked.clone(),
         );
+        Self { runq_wait, blocked }
+    }
+}
+
+/// The target's requests.
+struct RequestSeries {
+    latency: Histogram,
+}
+
+impl RequestSeries {
+    /// Registers the request latency histogram.
+    fn register(r: &mut Registry) -> Self {
         let latency = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
         r.register_with_unit(
             "tracer_request_latency",
@@ -208,6 +408,20 @@ impl Metrics {
             Unit::Seconds,
             latency.clone(),
         );
+        Self { latency }
+    }
+}
+
+/// The GPUs, from NVML.
+struct GpuSeries {
+    gpu_util: Family<GpuLabels, FloatGauge>,
+    sm_clock: Family<GpuLabels, FloatGauge>,
+    violation: Family<PolicyLabels, FloatCounter>,
+}
+
+impl GpuSeries {
+    /// Registers the GPUs' utilization, SM clock and clock-violation series.
+    fn register(r: &mut Registry) -> Self {
         let gpu_util = Family::<GpuLabels, FloatGauge>::default();
         r.register(
             "tracer_gpu_utilization_ratio",
@@ -227,6 +441,29 @@ impl Metrics {
             Unit::Seconds,
             violation.clone(),
         );
+        Self {
+            gpu_util,
+            sm_clock,
+            violation,
+        }
+    }
+}
+
+/// The tracer's own: its losses, cost, last window and flight recorder.
+struct OwnSeries {
+    dropped: Counter,
+    late: Counter,
+    own_cpu: FloatCounter,
+    own_rss: Gauge,
+    /// The last window's end, CLOCK_REALTIME seconds.
+    last_window: FloatGauge,
+    triggers: Counter,
+    flight_bytes: Gauge,
+}
+
+impl OwnSeries {
+    /// Registers the tracer's own series: losses, CPU and memory, last window, flight recorder.
+    fn register(r: &mut Registry) -> Self {
         let dropped = Counter::default();
         r.register(
             "tracer_dropped_events",
@@ -275,164 +512,13 @@ impl Metrics {
             flight_bytes.clone(),
         );
         Self {
-            flight_bytes,
-            registry: r,
-            attributed,
-            windows,
-            window_seconds,
-            runq_wait,
-            blocked,
-            latency,
-            gpu_util,
-            sm_clock,
-            violation,
             dropped,
             late,
             own_cpu,
             own_rss,
             last_window,
             triggers,
-            rss_now: Arc::default(),
-            roles: Default::default(),
-        }
-    }
-
-    /// The exposition, in the OpenMetrics text format.
-    pub fn encode(&self) -> String {
-        self.own_rss
-            .set(self.rss_now.load(Ordering::Relaxed) as i64);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
-    }
-
-    /// The tracer's resident memory now, reported at the next scrape.
-    pub fn set_rss(&self, bytes: u64) {
-        self.rss_now.store(bytes, Ordering::Relaxed);
-    }
-
-    pub fn set_flight_bytes(&self, bytes: u64) {
-        self.flight_bytes.set(bytes as i64);
-    }
-
-    pub fn count_trigger(&self) {
-        self.triggers.inc();
-    }
-
-    /// The label of a process role: its own among the first `MAX_ROLES`, else `other`.
-    fn role(&self, name: &str) -> String {
-        let name = label(name);
-        let mut roles = self.roles.lock().unwrap_or_else(|e| e.into_inner());
-        if roles.contains(&name) || roles.len() < MAX_ROLES {
-            roles.insert(name.clone());
-            name
-        } else {
-            "other".into()
-        }
-    }
-
-    /// Adds one window.
-    pub fn add(&self, rec: &Recording, report: &Report) {
-        let (s, v) = (&report.summary, &report.verdict);
-        let role_of = |pid: u32| {
-            s.processes
-                .iter()
-                .find(|p| p.pid == pid)
-                .map_or_else(|| "unknown".to_string(), |p| self.role(&p.role))
-        };
-        let service_role = if s.processes.len() == 1 {
-            self.role(&s.processes[0].role)
-        } else {
-            "service".to_string()
-        };
-        for c in &v.causes {
-            let labels = CauseLabels {
-                cause: super::serde_name(&c.cause()),
-                mechanism_id: c.mechanism.id().to_string(),
-                process_role: c
-                    .acts_in
-                    .as_ref()
-                    .map_or_else(|| service_role.clone(), |a| self.role(&a.role)),
-            };
-            self.attributed
-                .get_or_create(&labels)
-                .inc_by(c.attributed_ns.max(0.0) / 1e9);
-        }
-        self.windows
-            .get_or_create(&PrimaryLabels {
-                primary: super::serde_name(&v.primary),
-            })
-            .inc();
-        self.window_seconds.inc_by(s.duration_ns as f64 / 1e9);
-        for t in &rec.threads {
-            self.runq_wait
-                .get_or_create(&RoleLabels {
-                    process_role: role_of(t.pid),
-                })
-                .add(t.totals.time.runq_wait_ns, &t.runq_wait_log2_hist);
-        }
-        let classify = Classifier::new(rec);
-        let pid_of: std::collections::HashMap<u32, u32> =
-            rec.threads.iter().map(|t| (t.tid, t.pid)).collect();
-        for w in &rec.wakers {
-            let pid = pid_of.get(&w.tid).copied().unwrap_or(0);
-            let kind = classify.of_record(w).kind;
-            self.blocked
-                .get_or_create(&WakerLabels {
-                    process_role: role_of(pid),
-                    waker: super::serde_name(&kind),
-                })
-                .add(w.blocked_ns, &w.hist);
-        }
-        if let Some(reqs) = &rec.requests {
-            for r in &reqs.spans {
-                self.latency
-                    .observe(r.end_ns.saturating_sub(r.start_ns) as f64 / 1e9);
-            }
-        }
-        self.add_gpu(report);
-        let l = &s.losses;
-        self.dropped.inc_by(
-            l.ringbuf_dropped
-                + l.thread_map_full
-                + l.preemptor_map_full
-                + l.migration_map_full
-                + l.child_map_full
-                + l.waker_map_full,
-        );
-        self.late.inc_by(l.late_records);
-        if let Some(c) = &s.tracer_cost {
-            self.own_cpu.inc_by(c.cpu_ns as f64 / 1e9);
-        }
-        self.last_window
-            .set(rec.host.unix_ns(rec.end_ns) as f64 / 1e9);
-    }
-
-    fn add_gpu(&self, report: &Report) {
-        let Some(g) = &report.summary.gpu else {
-            return;
-        };
-        for d in &g.devices {
-            let labels = GpuLabels {
-                gpu: d.index.to_string(),
-                uuid: d.uuid.clone(),
-            };
-            if let Some(u) = d.util_gpu_pct {
-                self.gpu_util.get_or_create(&labels).set(u / 100.0);
-            }
-            if let Some(c) = d.sm_clock_mhz {
-                self.sm_clock.get_or_create(&labels).set(c * 1e6);
-            }
-            for v in &d.clock_violations {
-                self.violation
-                    .get_or_create(&PolicyLabels {
-                        gpu: labels.gpu.clone(),
-                        uuid: labels.uuid.clone(),
-                        policy: v.policy.clone(),
-                    })
-                    .inc_by(v.ns as f64 / 1e9);
-            }
+            flight_bytes,
         }
     }
 }
