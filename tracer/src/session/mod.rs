@@ -238,8 +238,108 @@ impl<'o> Session<'o> {
         // CUDA and marker uprobes (on each distinct library file), NVML's processes, and the
         // throttling of each distinct cgroup.
         let target = targets.primary();
+        let mut src = Loaded::load(targets, opts)?;
+
+        // The CUDA probes first: attaching them takes a while with a large libcuda, and they
+        // only account CUDA calls, which the window's edges do not cut.
+        src.attach_uprobes(targets, opts)?;
+        let gone = src.leave_out_exited(targets)?;
+        let cgroup_watch = match &targets.cgroup {
+            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut src.probes)?),
+            None => None,
+        };
+        let targets = targets.without(&gone);
+        let start = monotonic_ns();
+        let cpu_at_start = process::own_usage().0;
+        let (counts, initial) = src.attach_sched(&targets)?;
+        let bin_ns = opts.bin.as_nanos() as u64;
+        src.announce(target, &targets, opts, start, bin_ns, &initial);
+        attached()?;
+        let bar = progress_bar(opts, target.pid);
+        let throttling = vec![Vec::new(); src.throttle.0.len()];
+        let whole_run = src.writer.is_some();
+        Ok(Self {
+            opts,
+            targets,
+            probes: src.probes,
+            writer: src.writer,
+            _perf: src.perf,
+            sampler: src.sampler,
+            throttle: src.throttle,
+            throttling,
+            exit_fds: src.exit_fds,
+            interrupt,
+            terminate,
+            hangup: None,
+            user1: None,
+            trigger: None,
+            host: src.host,
+            start,
+            cpu_at_start,
+            initial,
+            counts,
+            col: Collector::new(start, bin_ns, opts.keep_timeline),
+            closing: None,
+            finished: Reaped::default(),
+            target_exited_ns: None,
+            ticks: 0,
+            cgroup_watch,
+            gpu_members: src.gpu_members,
+            bar,
+            windows: windows::Windows::new(start, cpu_at_start, whole_run),
+            flight: opts.flight.map(flight::FlightRing::new),
+        })
+    }
+
+    /// Handles SIGHUP and SIGUSR1 from now on, and the triggers sent to `trigger`: `wait`
+    /// returns when one comes.
+    pub fn handle_signals(
+        &mut self,
+        trigger: tokio::sync::mpsc::UnboundedReceiver<()>,
+    ) -> Result<()> {
+        self.hangup = Some(signal(SignalKind::hangup()).context("SIGHUP handler")?);
+        self.user1 = Some(signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?);
+        self.trigger = Some(trigger);
+        Ok(())
+    }
+
+    /// No process's exit ends the recording (`--cgroup` alone: the service's processes come
+    /// and go).
+    pub fn ignore_target_exit(&mut self) {
+        self.exit_fds.clear();
+    }
+
+    /// The target set as it was at the start.
+    pub fn targets(&self) -> &Targets {
+        &self.targets
+    }
+
+    /// When the run began (CLOCK_MONOTONIC).
+    pub fn start_ns(&self) -> u64 {
+        self.start
+    }
+}
+
+/// What `Session::open` makes before attaching anything: output, counters, probes, samplers.
+struct Loaded {
+    // In the reverse of the order they are made: an error before the session is whole drops
+    // them in the order it dropped them when they were `open`'s locals.
+    host: HostMeta,
+    exit_fds: Vec<(u32, AsyncFd<OwnedFd>)>,
+    throttle: ThrottleSet,
+    pid_pairs: Vec<(u32, u32)>,
+    sampler: Result<GpuSampler, Capability>,
+    gpu_members: Members,
+    probes: SchedProbes,
+    perf: PerfSet,
+    writer: Option<TraceWriter>,
+}
+
+impl Loaded {
+    /// Opens the output and the perf counters, loads the probes and starts the samplers.
+    fn load(targets: &Targets, opts: &SessionOptions) -> Result<Self> {
         // Open the output first: a path that cannot be written fails before anything is traced.
-        let mut writer = opts
+        let writer = opts
             .output
             .as_deref()
             .map(TraceWriter::create)
@@ -287,17 +387,34 @@ impl<'o> Session<'o> {
             .filter_map(exit_watch)
             .collect();
         let host = host::host_meta(&cpus);
+        Ok(Self {
+            host,
+            exit_fds,
+            throttle,
+            pid_pairs,
+            sampler,
+            gpu_members,
+            probes,
+            perf,
+            writer,
+        })
+    }
 
-        // The CUDA probes first: attaching them takes a while with a large libcuda, and they
-        // only account CUDA calls, which the window's edges do not cut.
+    /// Attaches the CUDA, GC and request-marker uprobes to every member.
+    fn attach_uprobes(&mut self, targets: &Targets, opts: &SessionOptions) -> Result<()> {
         // /proc paths and uprobe PIDs are this tool's namespace's; the programs filter on the
         // kernel's TGID, set at load.
         let proc_pids: Vec<u32> = targets.members.iter().map(|t| t.proc_pid).collect();
-        probes.attach_cuda(&proc_pids)?;
-        probes.attach_gc(&pid_pairs);
+        self.probes.attach_cuda(&proc_pids)?;
+        self.probes.attach_gc(&self.pid_pairs);
         if let Some(m) = &opts.probes.markers {
-            probes.attach_markers(&proc_pids, m)?;
+            self.probes.attach_markers(&proc_pids, m)?;
         }
+        Ok(())
+    }
+
+    /// Fails if a process given has exited; drops the exited descendants, returning their PIDs.
+    fn leave_out_exited(&mut self, targets: &Targets) -> Result<Vec<u32>> {
         // Pinned by its pidfd since it was resolved: if it is gone now, its PID may already
         // stand for another process, which the programs (filtering on the number) must not
         // record. A process given is then an error; a descendant that exited meanwhile (a
@@ -314,15 +431,16 @@ impl<'o> Session<'o> {
             .filter(|t| t.gone())
             .map(|t| t.pid)
             .collect();
-        probes.remove_targets(&gone)?;
-        let cgroup_watch = match &targets.cgroup {
-            Some(c) => Some(cgroups::CgroupWatch::start(c, &mut probes)?),
-            None => None,
-        };
-        let targets = targets.without(&gone);
-        let start = monotonic_ns();
-        let cpu_at_start = process::own_usage().0;
-        probes.attach(|| {
+        self.probes.remove_targets(&gone)?;
+        Ok(gone)
+    }
+
+    /// Attaches the scheduler probes, then reads the window's /proc side and lists the threads.
+    fn attach_sched(
+        &mut self,
+        targets: &Targets,
+    ) -> Result<(windows::ProcSide, BTreeMap<u32, ThreadInfo>)> {
+        self.probes.attach(|| {
             targets
                 .threads()
                 .into_values()
@@ -341,86 +459,42 @@ impl<'o> Session<'o> {
         // Listed after attaching: a thread created since is seen by the probes, so none is
         // missed.
         let initial = targets.threads();
-        let bin_ns = opts.bin.as_nanos() as u64;
-        if let Some(w) = writer.as_mut() {
+        Ok((counts, initial))
+    }
+
+    /// Writes the trace file's header, and the notices on stderr when asked for.
+    fn announce(
+        &mut self,
+        target: &Target,
+        targets: &Targets,
+        opts: &SessionOptions,
+        start: u64,
+        bin_ns: u64,
+        initial: &BTreeMap<u32, ThreadInfo>,
+    ) {
+        if let Some(w) = self.writer.as_mut() {
             w.meta(&trace_meta(
                 target,
-                &host,
-                &probes,
+                &self.host,
+                &self.probes,
                 start,
                 bin_ns,
                 initial.clone(),
             ));
         }
         if opts.notices {
-            notices(&targets, opts, &probes, &perf, &sampler, initial.len());
-            if let Some(w) = &writer {
+            notices(
+                targets,
+                opts,
+                &self.probes,
+                &self.perf,
+                &self.sampler,
+                initial.len(),
+            );
+            if let Some(w) = &self.writer {
                 eprintln!("tracer: writing {}", w.temp().display());
             }
         }
-        attached()?;
-        let bar = progress_bar(opts, target.pid);
-        let throttling = vec![Vec::new(); throttle.0.len()];
-        let whole_run = writer.is_some();
-        Ok(Self {
-            opts,
-            targets,
-            probes,
-            writer,
-            _perf: perf,
-            sampler,
-            throttle,
-            throttling,
-            exit_fds,
-            interrupt,
-            terminate,
-            hangup: None,
-            user1: None,
-            trigger: None,
-            host,
-            start,
-            cpu_at_start,
-            initial,
-            counts,
-            col: Collector::new(start, bin_ns, opts.keep_timeline),
-            closing: None,
-            finished: Reaped::default(),
-            target_exited_ns: None,
-            ticks: 0,
-            cgroup_watch,
-            gpu_members,
-            bar,
-            windows: windows::Windows::new(start, cpu_at_start, whole_run),
-            flight: opts.flight.map(flight::FlightRing::new),
-        })
-    }
-
-    /// Handles SIGHUP and SIGUSR1 from now on, and the triggers sent to `trigger`: `wait`
-    /// returns when one comes.
-    pub fn handle_signals(
-        &mut self,
-        trigger: tokio::sync::mpsc::UnboundedReceiver<()>,
-    ) -> Result<()> {
-        self.hangup = Some(signal(SignalKind::hangup()).context("SIGHUP handler")?);
-        self.user1 = Some(signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?);
-        self.trigger = Some(trigger);
-        Ok(())
-    }
-
-    /// No process's exit ends the recording (`--cgroup` alone: the service's processes come
-    /// and go).
-    pub fn ignore_target_exit(&mut self) {
-        self.exit_fds.clear();
-    }
-
-    /// The target set as it was at the start.
-    pub fn targets(&self) -> &Targets {
-        &self.targets
-    }
-
-    /// When the run began (CLOCK_MONOTONIC).
-    pub fn start_ns(&self) -> u64 {
-        self.start
     }
 }
 
