@@ -340,28 +340,10 @@ fn poll(
     let rates = costs
         .time("utilization_rates", || d.utilization_rates())
         .ok();
-    let mut contexts = None;
-    let target_mem_bytes = if extras.slow {
-        costs
-            .time("running_compute_processes", || {
-                d.running_compute_processes()
-            })
-            .ok()
-            .and_then(|ps| {
-                contexts = Some(ps.iter().map(|p| p.pid).collect());
-                // The service's memory: its members' together.
-                let mine: Vec<u64> = ps
-                    .iter()
-                    .filter(|p| members.contains(&p.pid))
-                    .map(|p| match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => b,
-                        UsedGpuMemory::Unavailable => 0,
-                    })
-                    .collect();
-                (!mine.is_empty()).then(|| mine.iter().sum())
-            })
+    let (contexts, target_mem_bytes) = if extras.slow {
+        compute_processes(d, members, costs)
     } else {
-        None
+        (None, None)
     };
     let mem = costs.time("memory_info", || d.memory_info()).ok();
     let mut p = GpuPoll {
@@ -389,51 +371,7 @@ fn poll(
         ..Default::default()
     };
     if extras.slow {
-        p.violation_ns = costs.time("violation_status", || {
-            use nvml_wrapper::enum_wrappers::device::PerformancePolicy as P;
-            [
-                P::Power,
-                P::Thermal,
-                P::SyncBoost,
-                P::BoardLimit,
-                P::LowUtilization,
-                P::Reliability,
-                P::TotalAppClocks,
-                P::TotalBaseClocks,
-            ]
-            .into_iter()
-            .map(|policy| d.violation_status(policy).ok().map(|v| v.violation_time))
-            .collect()
-        });
-        costs.time("samples", || {
-            drain_samples(
-                d,
-                Sampling::GpuUtilization,
-                &mut st.last_util_us,
-                &mut st.util,
-            );
-            drain_samples(
-                d,
-                Sampling::MemoryUtilization,
-                &mut st.last_mem_us,
-                &mut st.mem,
-            );
-        });
-        // NotFound when the target used no GPU time since `last`: nothing to add.
-        let procs = costs.time("process_utilization_stats", || {
-            d.process_utilization_stats(st.last_proc_us)
-        });
-        if let Ok(samples) = procs {
-            for s in samples.into_iter().filter(|s| members.contains(&s.pid)) {
-                st.last_proc_us = st.last_proc_us.max(s.timestamp);
-                let at = |m: &mut BTreeMap<u32, Vec<(u64, f64)>>, v: u32| {
-                    m.entry(s.pid).or_default().push((s.timestamp, v as f64))
-                };
-                at(&mut st.proc_sm, s.sm_util);
-                at(&mut st.proc_mem, s.mem_util);
-            }
-        }
-        p.gpm = gpm(nvml, st, costs);
+        slow_reads(nvml, st, members, costs, &mut p);
     }
     let t1 = monotonic_ns();
     p.t_ns = t0 + (t1 - t0) / 2;
@@ -441,19 +379,106 @@ fn poll(
     // After the bracket: the PCIe call measures for 20 ms itself, and would blur the time of
     // the instant readings above.
     if extras.pcie {
-        let d = &st.device;
-        p.pcie_tx_kib_s = costs
-            .time("pcie_throughput", || {
-                d.pcie_throughput(PcieUtilCounter::Send)
-            })
-            .ok();
-        p.pcie_rx_kib_s = costs
-            .time("pcie_throughput", || {
-                d.pcie_throughput(PcieUtilCounter::Receive)
-            })
-            .ok();
+        pcie(&st.device, costs, &mut p);
     }
     p
+}
+
+/// The processes with a compute context on the GPU, and the service's memory on it (its
+/// members' together), from one call.
+fn compute_processes(
+    d: &Device,
+    members: &BTreeSet<u32>,
+    costs: &mut Costs,
+) -> (Option<Vec<u32>>, Option<u64>) {
+    let Ok(ps) = costs.time("running_compute_processes", || {
+        d.running_compute_processes()
+    }) else {
+        return (None, None);
+    };
+    let mine: Vec<u64> = ps
+        .iter()
+        .filter(|p| members.contains(&p.pid))
+        .map(|p| match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => b,
+            UsedGpuMemory::Unavailable => 0,
+        })
+        .collect();
+    (
+        Some(ps.iter().map(|p| p.pid).collect()),
+        (!mine.is_empty()).then(|| mine.iter().sum()),
+    )
+}
+
+/// The costlier reads (`Extras::slow`): the violation counters, the driver's sample buffers,
+/// the members' own utilization, GPM.
+fn slow_reads(
+    nvml: &Nvml,
+    st: &mut DeviceState,
+    members: &BTreeSet<u32>,
+    costs: &mut Costs,
+    p: &mut GpuPoll,
+) {
+    let d = &st.device;
+    p.violation_ns = costs.time("violation_status", || {
+        use nvml_wrapper::enum_wrappers::device::PerformancePolicy as P;
+        [
+            P::Power,
+            P::Thermal,
+            P::SyncBoost,
+            P::BoardLimit,
+            P::LowUtilization,
+            P::Reliability,
+            P::TotalAppClocks,
+            P::TotalBaseClocks,
+        ]
+        .into_iter()
+        .map(|policy| d.violation_status(policy).ok().map(|v| v.violation_time))
+        .collect()
+    });
+    costs.time("samples", || {
+        drain_samples(
+            d,
+            Sampling::GpuUtilization,
+            &mut st.last_util_us,
+            &mut st.util,
+        );
+        drain_samples(
+            d,
+            Sampling::MemoryUtilization,
+            &mut st.last_mem_us,
+            &mut st.mem,
+        );
+    });
+    // NotFound when the target used no GPU time since `last`: nothing to add.
+    let procs = costs.time("process_utilization_stats", || {
+        d.process_utilization_stats(st.last_proc_us)
+    });
+    if let Ok(samples) = procs {
+        for s in samples.into_iter().filter(|s| members.contains(&s.pid)) {
+            st.last_proc_us = st.last_proc_us.max(s.timestamp);
+            let at = |m: &mut BTreeMap<u32, Vec<(u64, f64)>>, v: u32| {
+                m.entry(s.pid).or_default().push((s.timestamp, v as f64))
+            };
+            at(&mut st.proc_sm, s.sm_util);
+            at(&mut st.proc_mem, s.mem_util);
+        }
+    }
+    p.gpm = gpm(nvml, st, costs);
+}
+
+/// PCIe throughput both ways (each call measures for 20 ms itself).
+fn pcie(d: &Device, costs: &mut Costs, p: &mut GpuPoll) {
+    p.pcie_tx_kib_s = costs
+        .time("pcie_throughput", || {
+            d.pcie_throughput(PcieUtilCounter::Send)
+        })
+        .ok();
+    p.pcie_rx_kib_s = costs
+        .time("pcie_throughput", || {
+            d.pcie_throughput(PcieUtilCounter::Receive)
+        })
+        .ok();
 }
 
 /// The costlier calls, measured on an H200 (driver 580): reading the driver's sample buffers
@@ -538,6 +563,44 @@ fn take_recording(
     }
 }
 
+/// Whether `every` has passed since `last` (then `last` is now).
+fn due(last: &mut u64, every: Duration, now: u64) -> bool {
+    let yes = now.saturating_sub(*last) >= every.as_nanos() as u64;
+    if yes {
+        *last = now;
+    }
+    yes
+}
+
+/// Each selected GPU's handle and what its polls carry from one to the next, the driver's
+/// history from before now skipped.
+fn device_states<'n>(nvml: &'n Nvml, devices: &[GpuDevice]) -> Vec<DeviceState<'n>> {
+    let start_us = realtime_ns() / 1000;
+    devices
+        .iter()
+        .filter_map(|g| {
+            let device = nvml.device_by_index(g.index).ok()?;
+            let gpm_prev = if g.gpm_supported {
+                device.gpm_sample().ok()
+            } else {
+                None
+            };
+            Some(DeviceState {
+                info: g.clone(),
+                device,
+                last_util_us: start_us,
+                last_mem_us: start_us,
+                last_proc_us: start_us,
+                util: vec![],
+                mem: vec![],
+                proc_sm: BTreeMap::new(),
+                proc_mem: BTreeMap::new(),
+                gpm_prev,
+            })
+        })
+        .collect()
+}
+
 fn sampler_thread(
     shared: Members,
     opts: GpuOptions,
@@ -562,31 +625,7 @@ fn sampler_thread(
         }
     };
     let clock = measure_clock_alignment();
-    let start_us = realtime_ns() / 1000;
-    let mut states: Vec<DeviceState> = devices
-        .iter()
-        .filter_map(|g| {
-            let device = nvml.device_by_index(g.index).ok()?;
-            let gpm_prev = if g.gpm_supported {
-                device.gpm_sample().ok()
-            } else {
-                None
-            };
-            Some(DeviceState {
-                info: g.clone(),
-                device,
-                // Skip the driver's history from before the recording.
-                last_util_us: start_us,
-                last_mem_us: start_us,
-                last_proc_us: start_us,
-                util: vec![],
-                mem: vec![],
-                proc_sm: BTreeMap::new(),
-                proc_mem: BTreeMap::new(),
-                gpm_prev,
-            })
-        })
-        .collect();
+    let mut states = device_states(&nvml, &devices);
     let names: Vec<String> = devices
         .iter()
         .map(|g| format!("{} ({})", g.index, g.name))
@@ -599,13 +638,6 @@ fn sampler_thread(
     let mut polls = Vec::new();
     let mut costs = Costs::default();
     let (mut last_slow, mut last_pcie) = (0u64, 0u64);
-    let due = |last: &mut u64, every: Duration, now: u64| {
-        let yes = now.saturating_sub(*last) >= every.as_nanos() as u64;
-        if yes {
-            *last = now;
-        }
-        yes
-    };
     let fixed = Fixed {
         devices: devices.clone(),
         selection,
