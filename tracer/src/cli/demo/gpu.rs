@@ -62,23 +62,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     let script = dir.join("gpu_server.py");
     std::fs::write(&script, SCRIPT)?;
     let log = dir.join("requests.jsonl");
-    // Long enough for the baseline, the hog's start-up (CUDA initialization, seconds) and the
-    // recording; the server is stopped as soon as the recording ends.
-    let total = BASELINE + args.duration + Duration::from_secs(60);
-    let mut serve = vec![
-        "serve".to_string(),
-        format!("--duration={}", total.as_secs_f64()),
-        format!("--log={}", log.display()),
-    ];
-    if args.scenario == Scenario::GpuSyncStall {
-        serve.push(format!("--stall-after={}", BASELINE.as_secs_f64()));
-    }
-    if args.scenario == Scenario::HostBound {
-        serve.push(format!("--tiny-ops={HOST_BOUND_OPS}"));
-    }
-    if args.scenario.multiprocess() {
-        serve.push("--engine-process".into());
-    }
+    let serve = serve_args(args, &log);
     let server = start(&script, &serve)?;
     let pid = server.0.id();
     let engine = if args.scenario.multiprocess() {
@@ -99,36 +83,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ));
     std::thread::sleep(BASELINE);
     let baseline_end = monotonic_ns();
-    let _hog = match args.scenario.base() {
-        Scenario::HostBound => {
-            say(format!(
-                "injected: each request is {HOST_BOUND_OPS} tiny elementwise steps ({} kernel \
-                 launches of microseconds each) instead of the MLP",
-                2 * HOST_BOUND_OPS
-            ));
-            None
-        }
-        Scenario::GpuSaturation => {
-            let d = format!(
-                "--duration={}",
-                (args.duration + Duration::from_secs(1)).as_secs_f64()
-            );
-            let h = start(&script, &["hog".into(), d])?;
-            say(format!(
-                "injected: another process (PID {}) saturating the GPU with matmuls",
-                h.0.id()
-            ));
-            Some(h)
-        }
-        _ => {
-            say(
-                "injected: the server's own background thread queues bursts of large matmuls \
-                 every 200 ms, which its device-wide synchronize waits for"
-                    .into(),
-            );
-            None
-        }
-    };
+    let _hog = inject(args, &script, &say)?;
     let target = Target::resolve(pid)?;
     let mut opts = args.record.session_options(Some(args.duration));
     opts.keep_timeline = true;
@@ -156,4 +111,66 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         (ready, baseline_end),
         &[],
     ))
+}
+
+/// The server's arguments for the scenario: its run long enough for the baseline, the hog's
+/// start-up and the recording, its latency log, and what it injects itself.
+fn serve_args(args: &DemoArgs, log: &std::path::Path) -> Vec<String> {
+    // Long enough for the baseline, the hog's start-up (CUDA initialization, seconds) and the
+    // recording; the server is stopped as soon as the recording ends.
+    let total = BASELINE + args.duration + Duration::from_secs(60);
+    let mut serve = vec![
+        "serve".to_string(),
+        format!("--duration={}", total.as_secs_f64()),
+        format!("--log={}", log.display()),
+    ];
+    if args.scenario == Scenario::GpuSyncStall {
+        serve.push(format!("--stall-after={}", BASELINE.as_secs_f64()));
+    }
+    if args.scenario == Scenario::HostBound {
+        serve.push(format!("--tiny-ops={HOST_BOUND_OPS}"));
+    }
+    if args.scenario.multiprocess() {
+        serve.push("--engine-process".into());
+    }
+    serve
+}
+
+/// Starts the scenario's disturbance, said in words: another process saturating the GPU (kept
+/// until dropped), or none where the server injects it itself.
+fn inject(
+    args: &DemoArgs,
+    script: &std::path::Path,
+    say: &dyn Fn(String),
+) -> Result<Option<Reaped>> {
+    Ok(match args.scenario.base() {
+        Scenario::HostBound => {
+            say(format!(
+                "injected: each request is {HOST_BOUND_OPS} tiny elementwise steps ({} kernel \
+                 launches of microseconds each) instead of the MLP",
+                2 * HOST_BOUND_OPS
+            ));
+            None
+        }
+        Scenario::GpuSaturation => {
+            let d = format!(
+                "--duration={}",
+                (args.duration + Duration::from_secs(1)).as_secs_f64()
+            );
+            let h = start(script, &["hog".into(), d])?;
+            say(format!(
+                "injected: another process (PID {}) saturating the GPU with matmuls",
+                h.0.id()
+            ));
+            Some(h)
+        }
+        _ => {
+            say(
+                "injected: the server's own background thread queues bursts of large matmuls \
+                 every 200 ms, which its device-wide synchronize waits for"
+                    .into(),
+            );
+            None
+        }
+    })
 }
