@@ -160,6 +160,24 @@ fn a_trace_file_holds_its_latency_log() {
         recorded,
         "report --json differs from run --json"
     );
+    // A log given that cannot be used leaves the requests the file holds, and says so.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "not a latency record\n").unwrap();
+    let rep = run_tracer(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--json",
+        "--latencies",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(rep.status.code(), Some(1), "{}", rep.stderr);
+    assert!(
+        rep.stderr
+            .contains("the summary below has the requests the trace file holds"),
+        "{}",
+        rep.stderr
+    );
+    assert_eq!(rep.json()["requests"], recorded["requests"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -142,8 +142,9 @@ pub struct RequestArgs {
     #[arg(long, value_name = "N", requires = "request_start",
           value_parser = clap::value_parser!(u8).range(0..6))]
     pub request_id_arg: Option<u8>,
-    /// A log of request latencies the target writes, read when the recording ends (a trace
-    /// file then holds its requests): JSON lines
+    /// A log of request latencies the target writes, read when the recording ends (the trace
+    /// file of `attach` or `run` then holds its requests; `watch` reads it window by window):
+    /// JSON lines
     /// {"start_ns": N, "end_ns": N, "tid": N}, on CLOCK_MONOTONIC unless a {"clock":
     /// "realtime"} line says otherwise.
     #[arg(long, value_name = "FILE", conflicts_with = "request_start")]

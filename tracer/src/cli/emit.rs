@@ -77,8 +77,11 @@ pub fn print_recording(
         let loaded = crate::sources::latency_log::load(rec, path);
         if loaded.is_err() {
             eprintln!(
-                "tracer: the latency log could not be used: the summary below has no request \
-                 verdict"
+                "tracer: the latency log could not be used: {}",
+                match rec.requests.as_ref().filter(|r| r.from_log()) {
+                    Some(_) => "the summary below has the requests the trace file holds",
+                    None => "the summary below has no request verdict",
+                }
             );
         }
         failures.keep(loaded);

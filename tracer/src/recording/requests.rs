@@ -1,5 +1,5 @@
 //! Requests of the target: from its marker functions (uprobes, paired here) or from a latency
-//! log it wrote (parsed here, read by the CLI). Either way, spans on CLOCK_MONOTONIC with the
+//! log it wrote (parsed in `latency_log.rs`, read from its file by `sources::latency_log`). Either way, spans on CLOCK_MONOTONIC with the
 //! thread that finished each request.
 
 use std::collections::HashMap;

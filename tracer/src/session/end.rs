@@ -156,21 +156,25 @@ impl Session<'_> {
         let Some(w) = self.writer.take() else {
             return Ok(());
         };
+        // A signal from here until the message below says the file is complete waits (the
+        // file renamed into place while the message still named the temporary one told a
+        // user who interrupted then that the complete trace was partial).
+        let _held = crate::signals::Deferred::new();
         // The file holds the requests of a latency log (its final frame): `tracer report`
-        // then needs no log. One that cannot be read leaves them out here; the command reads
-        // it again to report why (`cli::emit`).
+        // then needs no log. One that cannot be read leaves them out, and says so; the
+        // command reads it again to report why (`cli::emit`).
         if let Some(log) = self
             .opts
             .latencies
             .as_deref()
             .filter(|_| !self.opts.windows)
+            && let Err(e) = crate::sources::latency_log::load(rec, log)
         {
-            let _ = crate::sources::latency_log::load(rec, log);
+            eprintln!(
+                "tracer: the trace file holds no requests: the latency log could not be read \
+                 before it was finished ({e:#}); `tracer report --latencies` joins them"
+            );
         }
-        // A signal from here until the message below says the file is complete waits (the
-        // file renamed into place while the message still named the temporary one told a
-        // user who interrupted then that the complete trace was partial).
-        let _held = crate::signals::Deferred::new();
         // A file that cannot be finished (full disk) must not cost the recording: it is still
         // reported, and the command fails after.
         match w.finish(whole.unwrap_or(rec)) {

@@ -245,7 +245,8 @@ pub fn host_bound_tail(s: &Summary, r: &RequestAnalysis, share: f64, oncpu: &str
         share,
         evidence: format!(
             "on-CPU time {oncpu}, in the thread that paces its GPU ({on} of the {} slowest \
-             requests): {}",
+             requests): {}; its host work took longer (more launches, a lower clock, steal or \
+             cache misses would all show so)",
             r.slowest.len(),
             c.evidence
         ),

@@ -124,12 +124,30 @@ impl Waits {
 }
 
 /// The share of the bandwidth periods (those the cgroup was active in) that ended throttled,
-/// in the cgroup that throttled the target most; 0 when none did.
+/// 0 when none did. Members in several cgroups: each thread's waits behind other tasks count
+/// at its own cgroup's share (one throttled pod does not make another's contention its
+/// quota's); a member no cgroup lists (it joined later) at 0.
 fn throttled_period_share(s: &Summary) -> f64 {
-    match &s.cgroup {
-        Some(c) if throttled(s) => c.throttled_share.clamp(0.0, 1.0),
-        _ => 0.0,
+    if !throttled(s) {
+        return 0.0;
     }
+    let share = |c: &crate::analysis::cgroup::CgroupSummary| c.throttled_share.clamp(0.0, 1.0);
+    if s.cgroups.len() <= 1 {
+        return s.cgroup.as_ref().map_or(0.0, share);
+    }
+    let of_pid = |pid: u32| {
+        s.cgroups
+            .iter()
+            .find(|c| c.pids.contains(&pid))
+            .map_or(0.0, share)
+    };
+    let (mut weighted, mut all) = (0.0, 0.0);
+    for t in &s.threads {
+        let ns = t.wait_classes.contention_ns as f64;
+        weighted += ns * of_pid(t.pid);
+        all += ns;
+    }
+    if all > 0.0 { weighted / all } else { 0.0 }
 }
 
 /// Contention, throttling, idle-CPU wakeups and forced moves, each over its threshold:

@@ -40,7 +40,7 @@ pub fn causes(s: &Summary, r: &RequestAnalysis) -> Vec<Cause> {
         positive,
     };
     let mut out = t.scheduling();
-    out.push(t.oncpu(t.moved_oncpu()));
+    out.push(t.oncpu(t.moved_oncpu().unwrap_or(0.0)));
     out.push(t.gpu());
     out.extend(t.held());
     out.extend(t.waiting());
@@ -83,17 +83,15 @@ impl Tail<'_> {
     }
 
     /// The extra on-CPU time put down to the tail's extra moves (`MIGRATION_EXCESS_MIN`,
-    /// `MIGRATION_COST_MAX_NS`), ns per tail request.
-    fn moved_oncpu(&self) -> f64 {
+    /// `MIGRATION_COST_MAX_NS`), ns per tail request; None when the tail did not move more.
+    fn moved_oncpu(&self) -> Option<f64> {
         let extra_moves = self.r.tail.migrations_mean - self.r.median.migrations_mean;
-        if extra_moves >= MIGRATION_EXCESS_MIN {
+        (extra_moves >= MIGRATION_EXCESS_MIN).then(|| {
             self.routed
                 .parts
                 .oncpu_ns
                 .clamp(0.0, extra_moves * MIGRATION_COST_MAX_NS)
-        } else {
-            0.0
-        }
+        })
     }
 
     /// Run-queue waits behind other tasks, the quota's, on idle CPUs, and after moves.
@@ -128,21 +126,20 @@ impl Tail<'_> {
         let moved = self.moved_oncpu();
         out.push(Cause::new(
             Mechanism::Migrations,
-            self.share(ex.runq_migration_ns) + self.share(moved),
+            self.share(ex.runq_migration_ns) + self.share(moved.unwrap_or(0.0)),
             format!(
                 "{:.1} CPU changes per tail request vs {:.1} per median one; waiting after a move: {}{}{}",
                 tail.migrations_mean,
                 median.migrations_mean,
                 self.per(|b| b.runq_migration_ns),
                 self.via(q.runq_migration_ns),
-                if moved > 0.0 {
-                    format!(
+                match moved {
+                    Some(moved) => format!(
                         "; on-CPU time {}, {} more of it put down to the moves",
                         self.per(|b| b.oncpu_ns),
                         ms(moved)
-                    )
-                } else {
-                    String::new()
+                    ),
+                    None => String::new(),
                 }
             ),
         ));

@@ -553,6 +553,30 @@ fn over_the_window_the_quota_makes_up_for_waits_behind_others_in_throttled_perio
     );
 }
 
+/// In a service over several cgroups, one member's throttled cgroup does not make another
+/// member's waits behind other tasks its quota's.
+#[test]
+fn the_quota_rule_counts_each_members_own_cgroup() {
+    let mut rec = window(600, 300, vec![hog(300 * MS)]);
+    throttled_cgroup(&mut rec);
+    let throttled = rec.cgroup.as_mut().unwrap();
+    throttled.samples[1].throttling.nr_throttled = 27;
+    throttled.pids = vec![999];
+    let mut own = throttled.clone();
+    own.pids = vec![100];
+    own.samples[1].throttling.nr_throttled = 0;
+    own.samples[1].throttling.throttled_ns = 0;
+    rec.other_cgroups = vec![own];
+    let v = verdict(&rec);
+    assert!(
+        v.causes[0]
+            .mechanism
+            .to_string()
+            .contains("run-queue contention"),
+        "{v:?}"
+    );
+}
+
 #[test]
 fn waits_after_forced_moves_are_migrations() {
     let mut s = Server::new();

@@ -133,6 +133,21 @@ pub fn run(args: WatchArgs) -> Result<()> {
     }
     // After the log's own checks: naming it as the trace too is a usage error, said first.
     args.record.check_inputs_and_outputs(false)?;
+    // A watch reads its log window by window; the run's trace file is assembled apart from
+    // them and holds none of its requests (the flight recorder's files do).
+    if let (Some(o), Some(l), false) = (
+        &args.record.output,
+        &args.record.requests.latencies,
+        args.record.quiet,
+    ) {
+        eprintln!(
+            "tracer: {} will hold the run, not the latency log's requests: `tracer report {} \
+             --latencies {}` joins them (--keep's files hold them)",
+            o.display(),
+            o.display(),
+            l.display()
+        );
+    }
     if args.keep.is_some() {
         check_flight_dir(&args.flight_dir)?;
     }
