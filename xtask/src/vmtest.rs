@@ -537,6 +537,13 @@ fn boot(
         // is an MMIO exit under QEMU's global lock. Guests then crawled under load and two of
         // two boots froze outright (no step's deadline fired) with the demo's four hogs.
         .args(["--append", "tsc=reliable clocksource=tsc"])
+        // One host thread for all vCPUs (TCG's default runs one per vCPU). Attaching or
+        // detaching a tracepoint program patches the kernel's text (a jump label, int3 first),
+        // and with a thread per vCPU another vCPU can still run the old translation of the
+        // patched bytes after the patch completed: two 6.12 boots of one CI run (2026-12-06)
+        // died of "Oops: int3" at the sched_waking and sched_wakeup sites as a program was
+        // attached or detached, while three boots of the same build passed on a quiet host.
+        .arg("--qemu-opts=-accel tcg,thread=single")
         .arg("--run")
         .arg(&vmlinuz)
         .args(["--cpus", &args.cpus.to_string(), "--memory", &args.memory])
