@@ -163,11 +163,7 @@ impl Session<'_> {
         // The file holds the requests of a latency log (its final frame): `tracer report`
         // then needs no log. One that cannot be read leaves them out, and says so; the
         // command reads it again to report why (`cli::emit`).
-        if let Some(log) = self
-            .opts
-            .latencies
-            .as_deref()
-            .filter(|_| !self.opts.windows)
+        if let Some(log) = self.opts.latencies.as_deref()
             && let Err(e) = crate::sources::latency_log::load(rec, log)
         {
             eprintln!(
