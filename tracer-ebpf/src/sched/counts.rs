@@ -130,6 +130,27 @@ fn correct_repaired(t: &mut ThreadStats, c: &TaskCounts) {
     }
 }
 
+/// At the switch-out that follows `repair_unseen_switch_in`, where the task's own counters can
+/// be read (tp_btf: `se.sum_exec_runtime` is brought up to date before the tracepoint, by
+/// `update_curr` as `prev` is dequeued or put back), `correct_repaired` now rather than at the
+/// thread's next reading: the switch-out record then carries the slice the thread really ran,
+/// and the timeline, rebuilt from the records, places the rest of the interval as the totals
+/// do (waiting behind the untraced task, or blocked). Returns `slice` corrected. Not inlined,
+/// for the verifier, as `reconcile_in`.
+#[inline(never)]
+pub(super) fn settle_repaired(t: &mut ThreadStats, task: *const u8, slice: u64) -> u64 {
+    let Some(c) = counts_of(task) else {
+        return slice;
+    };
+    if t.flags & FLAG_SEEN == 0 {
+        return slice;
+    }
+    let before = t.oncpu_ns;
+    correct_repaired(t, &c);
+    let moved = t.oncpu_ns.wrapping_sub(before) as i64;
+    (slice as i64).saturating_add(moved).max(0) as u64
+}
+
 /// Accounts what `unseen` found over the interval since the thread's last event: the time it
 /// ran, up to the interval's length; or, when more had been accounted as running than it ran,
 /// that excess moved off the CPU. Returns the rest of the interval, spent off a CPU.
@@ -217,8 +238,8 @@ pub(super) fn reconcile_in(t: &mut ThreadStats, c: &TaskCounts, now: u64) {
 /// wait bookkeeping is undone (the thread no longer waits, and the waiting pending on its CPU
 /// cannot be told apart from running, so no one is charged); the time since the thread was
 /// last seen waiting counts as on-CPU, since in case (2) the untraced task runs only briefly.
-/// Where the thread's own counters can be read, its next switch-in or wakeup moves back off
-/// the CPU what it did not run (`account_unseen`).
+/// Where the thread's own counters can be read, the switch-out that follows moves back off the
+/// CPU what it did not run (`settle_repaired`).
 /// A thread the probes thought blocked switches out too: its wakeup went unreported as well
 /// (PID 1's wakeups on our VMs): blocked until now, then a slice the thread's own run time,
 /// read at its next traced event, gives back (measured: 2 of 156 slices of a worker, with no
@@ -261,7 +282,8 @@ pub(super) fn repair_unseen_switch_in(t: &mut ThreadStats, now: u64) {
     }
     t.wait_cpu = NO_CPU;
     // state_ts stays: the interval since then is closed as running by switch_out, and put
-    // right at the next reading of the thread's own counters (`correct_repaired`).
+    // right by the thread's own counters there (`settle_repaired`) or, where they cannot be
+    // read then, at their next reading (`correct_repaired`).
     t.state = ThreadState::Running as u32;
     t.flags |= FLAG_REPAIRED;
 }

@@ -26,14 +26,15 @@ mod wakeup;
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_MOVED, FLAG_RUNNABLE_UNSURE,
-    FLAG_THROTTLE_BASE, Preemptor, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState,
-    ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED,
+    FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, Preemptor, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT,
+    ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
 };
 
 use crate::maps::{Batch, CPU_WAIT, PREEMPTORS, config, count, sends_when_idle};
 use counts::{
     blocked_by_counts, counts_agree, counts_of, reconcile_in, remember, repair_unseen_switch_in,
+    settle_repaired,
 };
 use cpu_wait::{owed, waiter_add, waiter_remove};
 pub use entry::Comm;
@@ -171,7 +172,7 @@ pub struct Switch {
     /// The task switching in, for its own counters (tp_btf); null for classic tracepoints,
     /// whose records carry none.
     pub next_task: *const u8,
-    /// The task switching out (tp_btf without `prev_state`; null otherwise).
+    /// The task switching out (tp_btf; null for classic tracepoints).
     pub prev_task: *const u8,
 }
 
@@ -265,7 +266,10 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
 
 #[inline(always)]
 fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
-    let slice = leave(t, now, ThreadState::Running);
+    let mut slice = leave(t, now, ThreadState::Running);
+    if t.flags & FLAG_REPAIRED != 0 {
+        slice = settle_repaired(t, sw.prev_task, slice);
+    }
     crate::counters::slice_end(sw.prev_pid, cpu, now, out);
     t.last_cpu = cpu;
     t.flags &= !FLAG_MOVED;

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use tracer_common::{FLAG_CREATED, FLAG_EXITED, FLAG_SEEN, ThreadState, ThreadStats};
 
 use super::{
@@ -11,30 +13,50 @@ use super::{
     samples::WaitSamples, threads, threads::ThreadInfo, waits,
 };
 
-/// The interval after the last event, for a thread the probes last saw switched in: its own
-/// counters read just after the window (`after`) say whether it ran all of it. It did not if
-/// it switched off the CPU since and no tracepoint reported it (on our VMs, any thread of
-/// PID 1): its switch counts moved on. Then it ran what its CPU time moved by since that
-/// switch-in (exact: the kernel brings it up to date at every switch), and was off the CPU for
-/// the rest. A thread still running has the same switch counts, and its CPU time may lag by a
-/// tick (schedstat is the raw `sum_exec_runtime`): it ran all of the tail.
-fn running_tail(s: &ThreadStats, tail: u64, after: Option<&ProcCounts>) -> (u64, u64) {
+/// The switch off the CPU that a thread's own counters, read just after the window, show it
+/// made after its last traced switch-in and before the window's end: no program saw it (they
+/// were detached, or it was a switch the host does not trace), and the thread's CPU time puts
+/// it at `ts_ns`. The timeline ends the thread's last slice there as the totals do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailSwitch {
+    pub ts_ns: u64,
+    /// Only its involuntary count moved: it was preempted and waits for a CPU; else it blocked.
+    pub preempted: bool,
+}
+
+/// The interval after the last event (`tail` ns up to `end`), for a thread the probes last saw
+/// switched in: its own counters read just after the window (`after`) say whether it ran all
+/// of it. It did not if it switched off the CPU since and no tracepoint reported it (the
+/// programs detach just before the window's end; on our VMs, a switch to a thread of PID 1 is
+/// never reported): its switch counts moved on. Then it ran what its CPU time moved by since
+/// that switch-in (exact: the kernel brings it up to date at every switch), and was off the
+/// CPU for the rest. A thread still running has the same switch counts, and its CPU time may
+/// lag by a tick (schedstat is the raw `sum_exec_runtime`): it ran all of the tail.
+fn running_tail(
+    s: &ThreadStats,
+    tail: u64,
+    end: u64,
+    after: Option<&ProcCounts>,
+) -> (u64, Option<TailSwitch>) {
     // `seen_*` hold the thread's counters less the probes' own counts at its last reading
     // (tracer-ebpf `remember`): what moved beyond them went unreported.
     let unreported = |kernel: u64, counted: u64, offset: u64| {
         kernel.wrapping_sub(counted).wrapping_sub(offset) as i64
     };
-    match after {
-        Some(a)
-            if s.flags & FLAG_SEEN != 0
-                && (unreported(a.voluntary, s.voluntary_switches, s.seen_nvcsw) > 0
-                    || unreported(a.involuntary, s.involuntary_switches, s.seen_nivcsw) > 0) =>
-        {
-            let ran = unreported(a.oncpu_ns, s.oncpu_ns, s.seen_exec_ns).max(0) as u64;
-            (ran.min(tail), tail.saturating_sub(ran))
-        }
-        _ => (tail, 0),
+    let Some(a) = after.filter(|_| s.flags & FLAG_SEEN != 0) else {
+        return (tail, None);
+    };
+    let voluntary = unreported(a.voluntary, s.voluntary_switches, s.seen_nvcsw) > 0;
+    let involuntary = unreported(a.involuntary, s.involuntary_switches, s.seen_nivcsw) > 0;
+    if !voluntary && !involuntary {
+        return (tail, None);
     }
+    let ran = (unreported(a.oncpu_ns, s.oncpu_ns, s.seen_exec_ns).max(0) as u64).min(tail);
+    let switch = (ran < tail).then_some(TailSwitch {
+        ts_ns: end - (tail - ran),
+        preempted: !voluntary,
+    });
+    (ran, switch)
 }
 
 /// Closes a kernel account against the window `[start, end]`: the interval before the first
@@ -53,10 +75,19 @@ pub fn close_thread(
     if !created && s.first_state != ThreadState::Unknown as u32 {
         time.add_in(s.first_state, s.first_ts_ns.saturating_sub(start));
     }
+    let mut tail_switch = None;
     if s.state == ThreadState::Running as u32 {
-        let (ran, off) = running_tail(s, end.saturating_sub(s.state_ts_ns), after);
+        let (ran, switch) = running_tail(s, end.saturating_sub(s.state_ts_ns), end, after);
         time.oncpu_ns += ran;
-        time.blocked_ns += off;
+        if let Some(sw) = switch {
+            let off = end - sw.ts_ns;
+            if sw.preempted {
+                time.runq_wait_ns += off;
+            } else {
+                time.blocked_ns += off;
+            }
+        }
+        tail_switch = switch;
     } else if s.state != ThreadState::Unknown as u32 {
         time.add_in(s.state, end.saturating_sub(s.state_ts_ns));
     }
@@ -84,6 +115,7 @@ pub fn close_thread(
         counters: None,
         cuda: None,
         wait_classes: Default::default(),
+        tail_switch,
     }
 }
 
@@ -114,6 +146,7 @@ pub fn quiet_thread(info: &ThreadInfo, start: u64, end: u64) -> ThreadRecord {
         counters: None,
         cuda: None,
         wait_classes: Default::default(),
+        tail_switch: None,
     }
 }
 
@@ -244,6 +277,28 @@ mod tests {
             (r.totals.time.oncpu_ns, r.totals.time.blocked_ns),
             (50, 550)
         );
+        let blocked_at = TailSwitch {
+            ts_ns: 450,
+            preempted: false,
+        };
+        assert_eq!(r.tail_switch, Some(blocked_at));
+        // Preempted after 50 ns instead: the rest is a wait for a CPU.
+        let preempted = ProcCounts {
+            voluntary: 8,
+            involuntary: 3,
+            ..after(5_050, 8)
+        };
+        let r = close_thread(
+            &s,
+            100,
+            1000,
+            None,
+            WaitSamples::default(),
+            Some(&preempted),
+        );
+        let t = r.totals.time;
+        assert_eq!((t.oncpu_ns, t.runq_wait_ns, t.blocked_ns), (50, 550, 0));
+        assert!(r.tail_switch.unwrap().preempted);
         // Still running: no switch since, and its CPU time lags (not updated since a tick).
         let r = close_thread(
             &s,
@@ -254,6 +309,7 @@ mod tests {
             Some(&after(5_100, 8)),
         );
         assert_eq!((r.totals.time.oncpu_ns, r.totals.time.blocked_ns), (600, 0));
+        assert_eq!(r.tail_switch, None);
         // Without its counters (classic tracepoints), the tail runs to the end as before.
         s.flags &= !FLAG_SEEN;
         let r = close_thread(

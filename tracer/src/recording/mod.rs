@@ -113,6 +113,9 @@ pub struct ThreadRecord {
     /// Its run-queue waits by kind (from the timeline: complete waits seen by userspace).
     #[serde(default)]
     pub wait_classes: waits::WaitClasses,
+    /// Its last slice's end where no program saw it (`close::TailSwitch`), for the timeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_switch: Option<close::TailSwitch>,
 }
 
 /// The kernel's per-CPU migration stopper (`migration/N`): the CPU time it takes is the cost
@@ -380,9 +383,14 @@ impl Recording {
     /// or events after the first call is a bug, caught in debug builds.
     pub fn threads_over_time(&self) -> &timeline::Timelines {
         let window = (self.start_ns, self.end_ns, self.timeline.events.len());
-        let b = self.timeline.built.get_or_init(|| Built {
-            window,
-            threads: timeline::build(&self.timeline.events, self.start_ns, self.end_ns),
+        let b = self.timeline.built.get_or_init(|| {
+            let mut threads = timeline::build(&self.timeline.events, self.start_ns, self.end_ns);
+            for t in &self.threads {
+                if let (Some(sw), Some(tl)) = (t.tail_switch, threads.get_mut(&t.tid)) {
+                    tl.switched_unseen_at_end(sw.ts_ns, sw.preempted);
+                }
+            }
+            Built { window, threads }
         });
         debug_assert_eq!(
             b.window, window,

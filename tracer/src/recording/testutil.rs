@@ -41,6 +41,7 @@ pub fn thread(tid: u32, on: u64, rq: u64, waits: &[u64]) -> ThreadRecord {
         counters: None,
         cuda: None,
         wait_classes: Default::default(),
+        tail_switch: None,
     }
 }
 

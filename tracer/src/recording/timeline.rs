@@ -135,12 +135,8 @@ impl ThreadTimeline {
     /// A switch-out at `ts`: preempted, it waits for a CPU; else it blocks, or ends if it exited.
     fn switch_out(&mut self, ev: &Event, ts: u64, start: u64) {
         self.cpu = Some(ev.cpu);
-        if self.state == Some(State::Runnable) {
-            // Switching out while waiting: the switch-in that ended the wait went
-            // untraced (losses.unseen_switch_ins; PID 1's switches on our VMs). As
-            // the kernel side does (`repair_unseen_switch_in`), the time since counts
-            // as running, on this CPU: no wait ended by a switch-in is left open.
-            self.state = Some(State::Running);
+        if matches!(self.state, Some(State::Runnable | State::Blocked)) {
+            self.unseen_switch_in(ev.value, ts);
         }
         if ev.aux & 1 == 1 {
             self.unsure = ev.aux & SWITCH_RUNNABLE_UNSURE != 0;
@@ -155,6 +151,53 @@ impl ThreadTimeline {
                 self.dead = true;
             }
         }
+    }
+
+    /// Switching out while waiting or blocked: the switch-in (and, blocked, the wakeup) before
+    /// went untraced (losses.unseen_switch_ins; PID 1's switches on our VMs). The record's
+    /// slice is what the kernel side accounted as running (`repair_unseen_switch_in`, put right
+    /// by the task's own run time where it can be read: `settle_repaired`): the end of the
+    /// interval, on this CPU; the rest stays as it was, a wait (or a sleep) no switch-in ended.
+    fn unseen_switch_in(&mut self, slice: u64, ts: u64) {
+        let ran = slice.min(ts.saturating_sub(self.since));
+        if ran > 0 {
+            self.close(ts - ran);
+            self.since = ts - ran;
+            self.state = Some(State::Running);
+        }
+    }
+
+    /// The thread's last slice, running to the window's end as far as the records go, ended at
+    /// `at` by a switch no program saw (`close::TailSwitch`, from the thread's own counters):
+    /// the rest of the window it waited for a CPU (`preempted`) or was blocked, as its totals.
+    pub fn switched_unseen_at_end(&mut self, at: u64, preempted: bool) {
+        let Some(last) = self.intervals.last_mut() else {
+            return;
+        };
+        if last.state != State::Running || at >= last.end_ns {
+            return;
+        }
+        let at = at.max(last.start_ns);
+        let end = std::mem::replace(&mut last.end_ns, at);
+        let cpu = last.cpu;
+        if at == last.start_ns {
+            self.intervals.pop();
+        }
+        let (state, count) = if preempted {
+            (State::Runnable, &mut self.switches.involuntary_switches)
+        } else {
+            (State::Blocked, &mut self.switches.voluntary_switches)
+        };
+        *count += 1;
+        self.intervals.push(Interval {
+            start_ns: at,
+            end_ns: end,
+            state,
+            cpu,
+            wait: None,
+            throttled_ns: 0,
+            woken: None,
+        });
     }
 
     /// A wakeup at `ts`: a blocked thread turns runnable, its blocked interval saying who woke it.
@@ -394,16 +437,19 @@ mod tests {
     }
 
     /// A thread preempted, then switching out again with no switch-in between (the switch
-    /// that gave it the CPU was untraced): the time since it was preempted counts as running
-    /// on the CPU it left, as the kernel side counts it, and is no wait; the wait a traced
-    /// switch-in ends later is one.
+    /// that gave it the CPU was untraced): the record's slice, what the kernel side counted as
+    /// running, ends the interval on the CPU it left, and the rest stays a wait that no
+    /// switch-in ended. Uncorrected (classic tracepoints), the slice is the whole interval.
     #[test]
-    fn a_switch_out_while_waiting_closes_the_wait_as_running() {
+    fn a_switch_out_while_waiting_runs_its_slice_at_the_end() {
         use EventKind::*;
         let events = vec![
             ev(110, 7, SwitchIn, 0, 0, 0),
             ev(200, 7, SwitchOut, 0, 1, 90),
-            ev(300, 7, SwitchOut, 1, 0, 60),
+            // Corrected by the task's own run time: it ran 30 of the 100 ns.
+            ev(300, 7, SwitchOut, 1, 1, 30),
+            // Uncorrected: all of it.
+            ev(330, 7, SwitchOut, 1, 0, 30),
             ev(350, 7, Wakeup, 1, 0, 0),
             ev(370, 7, SwitchIn, 1, 5, 20),
         ];
@@ -413,14 +459,66 @@ mod tests {
             vec![
                 (100, 110, State::Runnable),
                 (110, 200, State::Running),
-                (200, 300, State::Running),
-                (300, 350, State::Blocked),
+                (200, 270, State::Runnable),
+                (270, 300, State::Running),
+                (300, 330, State::Running),
+                (330, 350, State::Blocked),
                 (350, 370, State::Runnable),
                 (370, 400, State::Running),
             ]
         );
-        assert_eq!(t.intervals[2].cpu, Some(1));
+        assert_eq!(t.intervals[3].cpu, Some(1));
+        assert_eq!(t.intervals[2].wait, None);
         assert_eq!(t.waits, vec![(20, 1)]);
+    }
+
+    /// A thread switching out while blocked: its wakeup and switch-in went untraced, and it
+    /// ran the record's slice (the task's own run time; 0 where that cannot be read) at the
+    /// end of the sleep.
+    #[test]
+    fn a_switch_out_while_blocked_runs_its_slice_at_the_end() {
+        use EventKind::*;
+        let events = vec![
+            ev(110, 7, SwitchOut, 0, 0, 10),
+            ev(200, 7, SwitchOut, 0, 0, 25),
+            ev(300, 7, SwitchOut, 0, 0, 0),
+        ];
+        let t = &build(&events, 100, 400)[&7];
+        assert_eq!(
+            states(t),
+            vec![
+                (100, 110, State::Running),
+                (110, 175, State::Blocked),
+                (175, 200, State::Running),
+                (200, 300, State::Blocked),
+                (300, 400, State::Blocked),
+            ]
+        );
+    }
+
+    /// Running to the window's end as far as the records go, but its own counters read after
+    /// the window show it was preempted at 250 (`close::TailSwitch`): the timeline ends the
+    /// slice there, as the totals do; a switch after the end, or of a thread not running,
+    /// changes nothing.
+    #[test]
+    fn a_switch_no_program_saw_ends_the_last_slice() {
+        use EventKind::*;
+        let events = vec![ev(110, 7, Wakeup, 1, 0, 0), ev(120, 7, SwitchIn, 1, 0, 10)];
+        let mut t = build(&events, 100, 400).remove(&7).unwrap();
+        t.switched_unseen_at_end(250, true);
+        t.switched_unseen_at_end(500, false);
+        assert_eq!(
+            states(&t),
+            vec![
+                (100, 110, State::Blocked),
+                (110, 120, State::Runnable),
+                (120, 250, State::Running),
+                (250, 400, State::Runnable),
+            ]
+        );
+        assert_eq!(t.switches.involuntary_switches, 1);
+        t.switched_unseen_at_end(300, false);
+        assert_eq!(t.intervals.len(), 4);
     }
 
     #[test]

@@ -273,6 +273,8 @@ fn add_thread(t: &mut ThreadRecord, w: &ThreadRecord) {
         _ => {}
     }
     t.exited_ns = w.exited_ns;
+    // A later window's records go on past an earlier one's end.
+    t.tail_switch = w.tail_switch;
     t.comm = w.comm.clone();
 }
 
@@ -441,6 +443,7 @@ mod tests {
             counters: None,
             cuda: None,
             wait_classes: Default::default(),
+            tail_switch: None,
         }
     }
 

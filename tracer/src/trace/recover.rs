@@ -194,6 +194,7 @@ fn rebuild_threads(rec: &mut Recording, meta: &TraceMeta, heartbeat: u64) {
                 counters: None,
                 cuda: None,
                 wait_classes: Default::default(),
+                tail_switch: None,
             }
         })
         .collect();
