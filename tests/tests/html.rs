@@ -180,7 +180,8 @@ const RUNNING_PIXELS: &str = r#"(() => {
         const o = (y * cols + x) * 4;
         if (img[o] === want[0] && img[o + 1] === want[1] && img[o + 2] === want[2]) n++;
       }
-    return [l.tid, n / ((l.rows[1] - l.rows[0]) * cols)];
+    const cr = l.model.cr;
+    return [l.tid, n / ((l.rows[1] - l.rows[0]) * cols), cr.length ? cr[cr.length - 1] : 0];
   }));
 })()"#;
 
@@ -232,22 +233,31 @@ fn the_report_page_answers_in_a_real_browser() {
         "no sideways scrolling: {h}"
     );
 
-    // Every lane's running pixels against the summary's on-CPU share of the window. The
-    // drawing is per pixel column with the rounding carried along, so it adds up to the
-    // timeline's running time within a pixel of each lane: the tolerance is for the
-    // timeline's ends against the kernel's totals (a thread's first and last moments).
+    // Every lane's running time against the summary's on-CPU time: one accounting (the kernel
+    // side's records, and its totals), so equal to the nanosecond (the page sums integers in
+    // doubles, exact this far below 2^53), also where a switch-in went untraced and the
+    // kernel put the slice right by the thread's own run time (losses.unseen_switch_ins, PID 1
+    // preempting the server on our VMs now and then). Then its running pixels against its
+    // on-CPU share of the window: the drawing is per pixel column with the rounding carried
+    // along, so it adds up to the running time within a pixel of each lane.
     let window = doc["duration_ns"].as_f64().unwrap();
-    let drawn: Vec<(u64, f64)> =
+    let drawn: Vec<(u64, f64, f64)> =
         serde_json::from_str(eval(&tab, RUNNING_PIXELS).as_str().unwrap()).unwrap();
     assert!(!drawn.is_empty());
-    for (tid, share) in &drawn {
+    for (tid, share, running_ns) in &drawn {
         let t = doc["threads"]
             .as_array()
             .unwrap()
             .iter()
             .find(|t| t["tid"] == *tid)
             .unwrap();
-        let want = t["oncpu_ns"].as_f64().unwrap() / window;
+        let oncpu = t["oncpu_ns"].as_f64().unwrap();
+        assert!(
+            (running_ns - oncpu).abs() < 1.0,
+            "thread {tid}: the timeline ran {running_ns} ns, the totals say {oncpu} ns (losses: {})",
+            doc["losses"]
+        );
+        let want = oncpu / window;
         assert!(
             (share - want).abs() <= 0.05 * want.max(0.02),
             "thread {tid}: drawn running {share:.4} vs on-CPU share {want:.4}"
@@ -324,24 +334,36 @@ fn the_report_page_answers_in_a_real_browser() {
         &tab,
         "document.getElementById('latency').scrollIntoView({block: 'center'})",
     );
-    let p: Value = serde_json::from_str(
-        eval(
-            &tab,
-            "JSON.stringify(tracerPage.tail.length ? tracerPage.pointOf(0) : null)",
+    // A click on the first tail request's point. The renderer handles it after the protocol
+    // call returns, and on a loaded machine a click can land before the page has settled
+    // (once in 20 runs beside two busy loops): three tries, each from the point's position
+    // then; a page whose clicks do nothing fails all three.
+    let shown = (0..3).any(|_| {
+        let p: Value = serde_json::from_str(
+            eval(
+                &tab,
+                "JSON.stringify(tracerPage.tail.length ? tracerPage.pointOf(0) : null)",
+            )
+            .as_str()
+            .unwrap(),
         )
-        .as_str()
-        .unwrap(),
-    )
-    .unwrap();
-    assert!(
-        !p.is_null(),
-        "no tail request with a decomposition on the page"
-    );
-    tab.click_point(Point {
-        x: p["x"].as_f64().unwrap(),
-        y: p["y"].as_f64().unwrap(),
-    })
-    .unwrap();
+        .unwrap();
+        assert!(
+            !p.is_null(),
+            "no tail request with a decomposition on the page"
+        );
+        tab.click_point(Point {
+            x: p["x"].as_f64().unwrap(),
+            y: p["y"].as_f64().unwrap(),
+        })
+        .unwrap();
+        tab.wait_for_element_with_custom_timeout(
+            "#detail-table tr.wall [data-ns]",
+            Duration::from_secs(3),
+        )
+        .is_ok()
+    });
+    assert!(shown, "clicking a tail request shows no decomposition");
     let parts: Vec<f64> = serde_json::from_str(
         eval(
             &tab,
