@@ -33,7 +33,8 @@ struct Outcome {
     got: String,
     mechanism: String,
     correct: bool,
-    /// The process outside the scenario the verdict named, if any.
+    /// The process outside the scenario the verdict named, if any, or that the injected
+    /// cause had no effect here (`demo.no_effect`).
     interference: Option<String>,
 }
 
@@ -66,7 +67,11 @@ fn once(bin: &std::path::Path, scenario: &str, round: u32) -> Result<Outcome> {
         correct: demo["correct"].as_bool().unwrap_or(false),
         interference: demo["interference"]["comm"]
             .as_str()
-            .map(|c| format!("{c} (PID {})", demo["interference"]["pid"])),
+            .map(|c| format!("{c} (PID {})", demo["interference"]["pid"]))
+            .or_else(|| {
+                (demo["no_effect"] == true)
+                    .then(|| "nothing: the injected cause had no effect on this host".into())
+            }),
     })
 }
 
@@ -94,7 +99,7 @@ pub fn scenarios(repeat: u32, gpu: Option<bool>) -> Result<()> {
                     break;
                 }
                 eprintln!(
-                    "xtask: round {round} {sc}: disturbed from outside by {}; repeating",
+                    "xtask: round {round} {sc}: not scored (disturbed from outside by {}); repeating",
                     o.interference.as_deref().unwrap_or("-")
                 );
                 disturbed += 1;

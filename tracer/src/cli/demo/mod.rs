@@ -95,5 +95,12 @@ fn part_text(p: &DemoPart, r: &Report) -> String {
             i.comm, i.pid
         );
     }
+    if p.no_effect {
+        let _ = writeln!(
+            out,
+            "  (the injected cause did not slow the server on this host: its p99 was no higher \
+             than before the disturbance, so there was no tail of its making to explain)"
+        );
+    }
     out
 }
