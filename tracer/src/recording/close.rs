@@ -264,15 +264,11 @@ mod tests {
             voluntary,
             involuntary: 2,
         };
+        let close = |s: &ThreadStats, after: &ProcCounts| {
+            close_thread(s, 100, 1000, None, WaitSamples::default(), Some(after))
+        };
         // It blocked after 50 ns, unreported: 50 on the CPU, the rest blocked.
-        let r = close_thread(
-            &s,
-            100,
-            1000,
-            None,
-            WaitSamples::default(),
-            Some(&after(5_050, 9)),
-        );
+        let r = close(&s, &after(5_050, 9));
         assert_eq!(
             (r.totals.time.oncpu_ns, r.totals.time.blocked_ns),
             (50, 550)
@@ -284,43 +280,22 @@ mod tests {
         assert_eq!(r.tail_switch, Some(blocked_at));
         // Preempted after 50 ns instead: the rest is a wait for a CPU.
         let preempted = ProcCounts {
-            voluntary: 8,
             involuntary: 3,
             ..after(5_050, 8)
         };
-        let r = close_thread(
-            &s,
-            100,
-            1000,
-            None,
-            WaitSamples::default(),
-            Some(&preempted),
-        );
+        let r = close(&s, &preempted);
         let t = r.totals.time;
         assert_eq!((t.oncpu_ns, t.runq_wait_ns, t.blocked_ns), (50, 550, 0));
         assert!(r.tail_switch.unwrap().preempted);
         // Still running: no switch since, and its CPU time lags (not updated since a tick).
-        let r = close_thread(
-            &s,
-            100,
-            1000,
-            None,
-            WaitSamples::default(),
-            Some(&after(5_100, 8)),
-        );
+        let r = close(&s, &after(5_100, 8));
         assert_eq!((r.totals.time.oncpu_ns, r.totals.time.blocked_ns), (600, 0));
         assert_eq!(r.tail_switch, None);
         // Without its counters (classic tracepoints), the tail runs to the end as before.
         s.flags &= !FLAG_SEEN;
-        let r = close_thread(
-            &s,
-            100,
-            1000,
-            None,
-            WaitSamples::default(),
-            Some(&after(5_050, 9)),
-        );
+        let r = close(&s, &after(5_050, 9));
         assert_eq!(r.totals.time.oncpu_ns, 600);
+        assert_eq!(r.tail_switch, None);
     }
 
     #[test]
