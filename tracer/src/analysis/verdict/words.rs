@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::mechanism::{ClockCap, Contender, Mechanism};
+use super::mechanism::{ClockCap, ClocksHeld, Contender, Mechanism};
 use crate::analysis::{
     neighbours::NeighbourKind,
     ranks::{FoundBy, LateCause},
@@ -82,31 +82,36 @@ impl Mechanism {
             Self::Uncovered => {
                 "Events were lost or the serving thread was not traced: enlarge --ring-kib."
             }
-            Self::LateRank { own_cause, .. } => match own_cause {
-                LateCause::RunQueue => {
-                    "Give each rank CPUs of its own (cpuset, taskset) and keep other work off them: every rank waits for the one that waits for a CPU."
-                }
-                LateCause::GcPause => {
-                    "Call gc.freeze() after warm-up in every rank, or collect in all ranks at the same step (gc.disable() with gc.collect() every N steps), so one rank's collection does not stall the others."
-                }
-                LateCause::OffCpu => {
-                    "Find what the late rank's thread blocks on in its step (the held-up-by pairs list its wakers): a sleep, I/O or a lock there holds every rank up."
-                }
-                LateCause::HostWork => {
-                    "The late rank does more host work per step than its peers: profile it (py-spy, perf record) and even out the work (its own inputs, logging, a rank-0-only task)."
-                }
-                LateCause::GpuShared => {
-                    "Move the other processes off the late rank's GPU: every rank waits for the slowest GPU."
-                }
-                LateCause::ClocksHeld => {
-                    "The late rank's GPU had its clocks held down: check its power limit and cooling (nvidia-smi -q -d POWER,PERFORMANCE)."
-                }
-                LateCause::NotMeasured => {
-                    "Nothing measured explains why the rank is late: look at its timeline (--perfetto) around the steps its peers waited on."
-                }
-            },
+            Self::LateRank { own_cause, .. } => late_rank_advice(*own_cause),
         };
         s.into()
+    }
+}
+
+/// What to do about a late rank, by what made it late.
+fn late_rank_advice(own_cause: LateCause) -> &'static str {
+    match own_cause {
+        LateCause::RunQueue => {
+            "Give each rank CPUs of its own (cpuset, taskset) and keep other work off them: every rank waits for the one that waits for a CPU."
+        }
+        LateCause::GcPause => {
+            "Call gc.freeze() after warm-up in every rank, or collect in all ranks at the same step (gc.disable() with gc.collect() every N steps), so one rank's collection does not stall the others."
+        }
+        LateCause::OffCpu => {
+            "Find what the late rank's thread blocks on in its step (the held-up-by pairs list its wakers): a sleep, I/O or a lock there holds every rank up."
+        }
+        LateCause::HostWork => {
+            "The late rank does more host work per step than its peers: profile it (py-spy, perf record) and even out the work (its own inputs, logging, a rank-0-only task)."
+        }
+        LateCause::GpuShared => {
+            "Move the other processes off the late rank's GPU: every rank waits for the slowest GPU."
+        }
+        LateCause::ClocksHeld => {
+            "The late rank's GPU had its clocks held down: check its power limit and cooling (nvidia-smi -q -d POWER,PERFORMANCE)."
+        }
+        LateCause::NotMeasured => {
+            "Nothing measured explains why the rank is late: look at its timeline (--perfetto) around the steps its peers waited on."
+        }
     }
 }
 
@@ -124,30 +129,13 @@ fn contention_advice(by: &[Contender]) -> String {
     }
 }
 
-/// The text for people: the JSON's `mechanism`.
+/// The text for people: the JSON's `mechanism`. The longer arms are functions of their own
+/// below, in the same order.
 impl fmt::Display for Mechanism {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let busy = |u: &Option<f64>| u.map(|u| format!("GPU {u:.0}% busy"));
         match self {
-            Self::RunQueueContention { by } => match by.as_slice() {
-                [] => write!(f, "run-queue contention"),
-                [a] if a.kind == NeighbourKind::Target && a.members.is_empty() => {
-                    write!(f, "run-queue contention among its own threads")
-                }
-                [a] if a.kind == NeighbourKind::Target => {
-                    write!(
-                        f,
-                        "run-queue contention within the service: preempted by {a}"
-                    )
-                }
-                [a] => write!(f, "run-queue contention: preempted by {a}"),
-                [a, b, ..] => write!(
-                    f,
-                    "run-queue contention: preempted by {a} ({} of the waiting) and {b} ({})",
-                    crate::units::pct(a.wait_share),
-                    crate::units::pct(b.wait_share)
-                ),
-            },
+            Self::RunQueueContention { by } => run_queue_contention(f, by),
             Self::CgroupThrottling => write!(f, "cgroup CPU throttling"),
             Self::IdleCpuWakeup => write!(f, "wakeup latency of idle CPUs"),
             Self::Migrations => write!(f, "migrations"),
@@ -166,25 +154,9 @@ impl fmt::Display for Mechanism {
                 "SM saturation by other processes (GPU {u:.0}% busy, {o:.0}% of it the server's kernels)"
             ),
             Self::SmSaturation {
-                gpu_busy_pct: u,
+                gpu_busy_pct,
                 clocks_held,
-            } => {
-                write!(f, "SM saturation (GPU {u:.0}% busy")?;
-                if let Some(c) = clocks_held {
-                    let why = match c.by {
-                        ClockCap::PowerCap => "the power cap",
-                        ClockCap::Thermal => "thermal slowdown",
-                    };
-                    match (c.sm_clock_mhz, c.sm_clock_mhz_min) {
-                        (Some(mean), Some(min)) => write!(
-                            f,
-                            "; SM clock held down by {why}: {mean:.0} MHz mean, {min} MHz min"
-                        )?,
-                        _ => write!(f, "; clocks held down by {why}")?,
-                    }
-                }
-                write!(f, ")")
-            }
+            } => sm_saturation(f, *gpu_busy_pct, clocks_held.as_ref()),
             Self::SyncStalls { gpu_busy_pct } => write!(
                 f,
                 "synchronization stalls: device-wide synchronize waits for all the process's \
@@ -200,23 +172,16 @@ impl fmt::Display for Mechanism {
             Self::LockWait { holders, gil } => {
                 let what = if *gil { "the GIL" } else { "a lock" };
                 write!(f, "waiting for {what}")?;
-                let named: Vec<String> = holders
-                    .iter()
-                    .take(2)
-                    .map(|h| {
-                        format!(
-                            "thread {} ({}, PID {}: {} of the wait)",
-                            h.tid,
-                            crate::recording::printable(&h.comm),
-                            h.pid,
-                            crate::units::pct(h.share)
-                        )
-                    })
-                    .collect();
-                if !named.is_empty() {
-                    write!(f, " held by {}", named.join(" and "))?;
-                }
-                Ok(())
+                let named = holders.iter().take(2).map(|h| {
+                    format!(
+                        "thread {} ({}, PID {}: {} of the wait)",
+                        h.tid,
+                        crate::recording::printable(&h.comm),
+                        h.pid,
+                        crate::units::pct(h.share)
+                    )
+                });
+                listed(f, " held by ", named, " and ", "")
             }
             Self::GcPause {
                 collections,
@@ -247,29 +212,24 @@ impl fmt::Display for Mechanism {
             ),
             Self::ClockThrottle { policies } => {
                 write!(f, "GPU clocks held down")?;
-                let named: Vec<String> = policies
-                    .iter()
-                    .take(2)
-                    .map(|p| {
-                        format!(
-                            "by {} {} of the window",
-                            p.policy,
-                            crate::units::pct(p.share)
-                        )
-                    })
-                    .collect();
-                if !named.is_empty() {
-                    write!(f, " ({})", named.join(", "))?;
-                }
-                Ok(())
+                let named = policies.iter().take(2).map(|p| {
+                    format!(
+                        "by {} {} of the window",
+                        p.policy,
+                        crate::units::pct(p.share)
+                    )
+                });
+                listed(f, " (", named, ", ", ")")
             }
             Self::LongRequestOnServingThread { requests } => {
                 write!(f, "long requests on the serving thread")?;
-                let named: Vec<String> = requests.iter().take(3).map(|r| r.to_string()).collect();
-                if !named.is_empty() {
-                    write!(f, ": {}", named.join(", "))?;
-                }
-                Ok(())
+                listed(
+                    f,
+                    ": ",
+                    requests.iter().take(3).map(|r| r.to_string()),
+                    ", ",
+                    "",
+                )
             }
             Self::Queueing => write!(f, "queueing behind earlier requests"),
             Self::OtherBlocked => write!(f, "other off-CPU waits (locks, I/O, sleeps)"),
@@ -281,51 +241,126 @@ impl fmt::Display for Mechanism {
                 peers_waited_ns,
                 sync_calls,
                 ..
-            } => {
-                let what = match own_cause {
-                    LateCause::RunQueue => "waiting for a CPU",
-                    LateCause::GcPause => "its garbage collections",
-                    LateCause::OffCpu => "off-CPU waits",
-                    LateCause::HostWork => "more host work than its peers",
-                    LateCause::GpuShared => "its GPU shared with other processes",
-                    LateCause::ClocksHeld => "its GPU's clocks held down",
-                    LateCause::NotMeasured => "a reason not measured",
-                };
-                let gpu = match gpus.as_slice() {
-                    [] => "a rank".to_string(),
-                    [g] => format!("the rank on GPU {g}"),
-                    many => format!(
-                        "the rank on GPUs {}",
-                        many.iter()
-                            .map(u32::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                };
-                let waited = crate::units::dur(*peers_waited_ns);
-                match found_by {
-                    FoundBy::Waiting => write!(
-                        f,
-                        "{gpu} late, by {what}: the other ranks waited {waited} more than it did \
-                         in synchronizing calls"
-                    )?,
-                    FoundBy::SharedGpu => write!(
-                        f,
-                        "{gpu} late, by {what}: the other ranks waited {waited} in \
-                         synchronizing calls, every step held to the slowest GPU"
-                    )?,
-                }
-                if *sync_calls > 0 {
-                    write!(
-                        f,
-                        " ({} per call over {sync_calls})",
-                        crate::units::dur(peers_waited_ns / sync_calls)
-                    )?;
-                }
-                Ok(())
-            }
+            } => late_rank(
+                f,
+                gpus,
+                *own_cause,
+                *found_by,
+                *peers_waited_ns,
+                *sync_calls,
+            ),
         }
     }
+}
+
+/// `items` joined by `sep` between `open` and `close`; nothing at all when there are none.
+fn listed(
+    f: &mut fmt::Formatter<'_>,
+    open: &str,
+    items: impl Iterator<Item = String>,
+    sep: &str,
+    close: &str,
+) -> fmt::Result {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() {
+        return Ok(());
+    }
+    write!(f, "{open}{}{close}", items.join(sep))
+}
+
+fn run_queue_contention(f: &mut fmt::Formatter<'_>, by: &[Contender]) -> fmt::Result {
+    match by {
+        [] => write!(f, "run-queue contention"),
+        [a] if a.kind == NeighbourKind::Target && a.members.is_empty() => {
+            write!(f, "run-queue contention among its own threads")
+        }
+        [a] if a.kind == NeighbourKind::Target => {
+            write!(
+                f,
+                "run-queue contention within the service: preempted by {a}"
+            )
+        }
+        [a] => write!(f, "run-queue contention: preempted by {a}"),
+        [a, b, ..] => write!(
+            f,
+            "run-queue contention: preempted by {a} ({} of the waiting) and {b} ({})",
+            crate::units::pct(a.wait_share),
+            crate::units::pct(b.wait_share)
+        ),
+    }
+}
+
+fn sm_saturation(
+    f: &mut fmt::Formatter<'_>,
+    busy_pct: f64,
+    clocks_held: Option<&ClocksHeld>,
+) -> fmt::Result {
+    write!(f, "SM saturation (GPU {busy_pct:.0}% busy")?;
+    if let Some(c) = clocks_held {
+        let why = match c.by {
+            ClockCap::PowerCap => "the power cap",
+            ClockCap::Thermal => "thermal slowdown",
+        };
+        match (c.sm_clock_mhz, c.sm_clock_mhz_min) {
+            (Some(mean), Some(min)) => write!(
+                f,
+                "; SM clock held down by {why}: {mean:.0} MHz mean, {min} MHz min"
+            )?,
+            _ => write!(f, "; clocks held down by {why}")?,
+        }
+    }
+    write!(f, ")")
+}
+
+fn late_rank(
+    f: &mut fmt::Formatter<'_>,
+    gpus: &[u32],
+    own_cause: LateCause,
+    found_by: FoundBy,
+    peers_waited_ns: u64,
+    sync_calls: u64,
+) -> fmt::Result {
+    let what = match own_cause {
+        LateCause::RunQueue => "waiting for a CPU",
+        LateCause::GcPause => "its garbage collections",
+        LateCause::OffCpu => "off-CPU waits",
+        LateCause::HostWork => "more host work than its peers",
+        LateCause::GpuShared => "its GPU shared with other processes",
+        LateCause::ClocksHeld => "its GPU's clocks held down",
+        LateCause::NotMeasured => "a reason not measured",
+    };
+    let gpu = match gpus {
+        [] => "a rank".to_string(),
+        [g] => format!("the rank on GPU {g}"),
+        many => format!(
+            "the rank on GPUs {}",
+            many.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let waited = crate::units::dur(peers_waited_ns);
+    match found_by {
+        FoundBy::Waiting => write!(
+            f,
+            "{gpu} late, by {what}: the other ranks waited {waited} more than it did \
+             in synchronizing calls"
+        )?,
+        FoundBy::SharedGpu => write!(
+            f,
+            "{gpu} late, by {what}: the other ranks waited {waited} in \
+             synchronizing calls, every step held to the slowest GPU"
+        )?,
+    }
+    if sync_calls > 0 {
+        write!(
+            f,
+            " ({} per call over {sync_calls})",
+            crate::units::dur(peers_waited_ns / sync_calls)
+        )?;
+    }
+    Ok(())
 }
 
 /// "stress-ng-cpu (2 processes: PIDs 11, 12)", "its own threads", "cgroup /docker/x.scope (3
@@ -369,5 +404,81 @@ impl fmt::Display for Contender {
             ),
             _ => write!(f, "{name} ({})", listed()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::verdict::mechanism::{ClockViolation, Holder};
+
+    #[test]
+    fn lists_name_at_most_their_first_items_and_vanish_when_empty() {
+        let holder = |tid, share| Holder {
+            tid,
+            pid: 7,
+            comm: "python3".into(),
+            share,
+        };
+        let lock = Mechanism::LockWait {
+            holders: vec![holder(8, 0.75), holder(9, 0.2), holder(10, 0.05)],
+            gil: true,
+        };
+        assert_eq!(
+            lock.to_string(),
+            "waiting for the GIL held by thread 8 (python3, PID 7: 75% of the wait) and \
+             thread 9 (python3, PID 7: 20% of the wait)"
+        );
+        let nobody = Mechanism::LockWait {
+            holders: vec![],
+            gil: false,
+        };
+        assert_eq!(nobody.to_string(), "waiting for a lock");
+        let clocks = Mechanism::ClockThrottle {
+            policies: vec![ClockViolation {
+                gpu: 0,
+                policy: "power".into(),
+                ns: 1,
+                share: 0.5,
+            }],
+        };
+        assert_eq!(
+            clocks.to_string(),
+            "GPU clocks held down (by power 50% of the window)"
+        );
+        let held = Mechanism::SmSaturation {
+            gpu_busy_pct: 99.4,
+            clocks_held: Some(ClocksHeld {
+                by: ClockCap::Thermal,
+                sm_clock_mhz: Some(1500.4),
+                sm_clock_mhz_min: Some(1200),
+            }),
+        };
+        assert_eq!(
+            held.to_string(),
+            "SM saturation (GPU 99% busy; SM clock held down by thermal slowdown: 1500 MHz \
+             mean, 1200 MHz min)"
+        );
+    }
+
+    #[test]
+    fn a_late_rank_says_which_gpus_and_what_each_call_waited() {
+        let late = Mechanism::LateRank {
+            pid: 1,
+            gpus: vec![2, 3],
+            own_cause: LateCause::GcPause,
+            found_by: FoundBy::Waiting,
+            peers_waited_ns: 40_000_000,
+            sync_calls: 4,
+        };
+        assert_eq!(
+            late.to_string(),
+            "the rank on GPUs 2, 3 late, by its garbage collections: the other ranks waited \
+             40.0ms more than it did in synchronizing calls (10.0ms per call over 4)"
+        );
+        assert!(
+            late.advice()
+                .starts_with("Call gc.freeze() after warm-up in every rank")
+        );
     }
 }
