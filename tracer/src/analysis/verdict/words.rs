@@ -353,11 +353,11 @@ fn late_rank(
              synchronizing calls, every step held to the slowest GPU"
         )?,
     }
-    if sync_calls > 0 {
+    if let Some(per_call) = peers_waited_ns.checked_div(sync_calls) {
         write!(
             f,
             " ({} per call over {sync_calls})",
-            crate::units::dur(peers_waited_ns / sync_calls)
+            crate::units::dur(per_call)
         )?;
     }
     Ok(())
