@@ -185,13 +185,8 @@ mod tests {
 
     fn iv(s: u64, e: u64, state: State, woken: Option<Woken>) -> Interval {
         Interval {
-            start_ns: s,
-            end_ns: e,
-            state,
-            cpu: Some(0),
-            wait: None,
-            throttled_ns: 0,
             woken,
+            ..Interval::plain(s, e, state, Some(0))
         }
     }
 

@@ -55,6 +55,21 @@ pub struct Interval {
     pub woken: Option<Woken>,
 }
 
+impl Interval {
+    /// An interval that no switch-in or wakeup ended (so none of their annotations).
+    pub fn plain(start_ns: u64, end_ns: u64, state: State, cpu: Option<u32>) -> Self {
+        Self {
+            start_ns,
+            end_ns,
+            state,
+            cpu,
+            wait: None,
+            throttled_ns: 0,
+            woken: None,
+        }
+    }
+}
+
 /// The end of a blocked interval, from its wakeup record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Woken {
@@ -91,15 +106,8 @@ impl ThreadTimeline {
         if let Some(state) = self.state
             && until > self.since
         {
-            self.intervals.push(Interval {
-                start_ns: self.since,
-                end_ns: until,
-                state,
-                cpu: self.cpu,
-                wait: None,
-                throttled_ns: 0,
-                woken: None,
-            });
+            self.intervals
+                .push(Interval::plain(self.since, until, state, self.cpu));
         }
     }
 
@@ -183,21 +191,13 @@ impl ThreadTimeline {
         if at == last.start_ns {
             self.intervals.pop();
         }
-        let (state, count) = if preempted {
-            (State::Runnable, &mut self.switches.involuntary_switches)
+        // The switch counts stay the programs' own, as the totals' (`close_thread`) do.
+        let state = if preempted {
+            State::Runnable
         } else {
-            (State::Blocked, &mut self.switches.voluntary_switches)
+            State::Blocked
         };
-        *count += 1;
-        self.intervals.push(Interval {
-            start_ns: at,
-            end_ns: end,
-            state,
-            cpu,
-            wait: None,
-            throttled_ns: 0,
-            woken: None,
-        });
+        self.intervals.push(Interval::plain(at, end, state, cpu));
     }
 
     /// A wakeup at `ts`: a blocked thread turns runnable, its blocked interval saying who woke it.
@@ -516,7 +516,10 @@ mod tests {
                 (250, 400, State::Runnable),
             ]
         );
-        assert_eq!(t.switches.involuntary_switches, 1);
+        assert_eq!(
+            t.switches.involuntary_switches, 0,
+            "the counts stay the programs', as the totals'"
+        );
         t.switched_unseen_at_end(300, false);
         assert_eq!(t.intervals.len(), 4);
     }

@@ -185,13 +185,8 @@ mod tests {
 
     fn interval(start: u64, end: u64, state: State) -> Interval {
         Interval {
-            start_ns: start,
-            end_ns: end,
-            state,
-            cpu: Some(0),
             wait: (state == State::Runnable).then_some((WaitKind::Contention, 99)),
-            throttled_ns: 0,
-            woken: None,
+            ..Interval::plain(start, end, state, Some(0))
         }
     }
 
