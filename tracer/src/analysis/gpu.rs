@@ -165,6 +165,51 @@ pub(crate) fn mean<T: Into<f64> + Copy>(values: impl Iterator<Item = Option<T>>)
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// Each member's own SM share (`ProcessSm` samples), largest first.
+fn member_sm(own: &[&UtilSample], from: u64, to: u64) -> Vec<MemberSm> {
+    let mut pids: Vec<u32> = own.iter().map(|s| s.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let mut member_sm: Vec<MemberSm> = pids
+        .into_iter()
+        .filter_map(|pid| {
+            let mine: Vec<&UtilSample> = own.iter().copied().filter(|s| s.pid == pid).collect();
+            weighted_mean(&mine, from, to).map(|(sm_pct, _)| MemberSm { pid, sm_pct })
+        })
+        .collect();
+    member_sm.sort_by(|a, b| b.sm_pct.total_cmp(&a.sm_pct));
+    member_sm
+}
+
+/// The clock-event reasons the polls saw, each with the share of polls it was on in.
+fn clock_event_reasons(polls: &[&GpuPoll]) -> Vec<ReasonShare> {
+    let n = polls.len().max(1) as f64;
+    CLOCK_EVENT_REASONS
+        .iter()
+        .filter_map(|&(bit, reason)| {
+            let on = polls
+                .iter()
+                .filter(|p| p.clock_event_reasons.is_some_and(|r| r & bit != 0))
+                .count();
+            (on > 0).then(|| ReasonShare {
+                reason,
+                share_of_polls: on as f64 / n,
+            })
+        })
+        .collect()
+}
+
+/// The GPM metrics' means over the polls that have them (Hopper and later).
+fn gpm(polls: &[&GpuPoll]) -> Option<GpmSummary> {
+    let gpms: Vec<_> = polls.iter().filter_map(|p| p.gpm).collect();
+    (!gpms.is_empty()).then(|| GpmSummary {
+        sm_activity_pct: mean(gpms.iter().map(|g| g.sm_activity_pct)),
+        sm_occupancy_pct: mean(gpms.iter().map(|g| g.sm_occupancy_pct)),
+        tensor_activity_pct: mean(gpms.iter().map(|g| g.tensor_activity_pct)),
+        dram_bw_util_pct: mean(gpms.iter().map(|g| g.dram_bw_util_pct)),
+    })
+}
+
 fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDeviceSummary {
     let info = g.devices.iter().find(|d| d.index == index);
     let polls: Vec<&GpuPoll> = g
@@ -180,41 +225,9 @@ fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDevice
     };
     let util = weighted_mean(&of_kind(UtilKind::Gpu), from, to);
     let util_mem = weighted_mean(&of_kind(UtilKind::Memory), from, to);
-    let mut member_sm: Vec<MemberSm> = Vec::new();
-    let own = of_kind(UtilKind::ProcessSm);
-    let mut pids: Vec<u32> = own.iter().map(|s| s.pid).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        let mine: Vec<&UtilSample> = own.iter().copied().filter(|s| s.pid == pid).collect();
-        if let Some((sm_pct, _)) = weighted_mean(&mine, from, to) {
-            member_sm.push(MemberSm { pid, sm_pct });
-        }
-    }
-    member_sm.sort_by(|a, b| b.sm_pct.total_cmp(&a.sm_pct));
+    let member_sm = member_sm(&of_kind(UtilKind::ProcessSm), from, to);
     let target_sm =
         (!member_sm.is_empty()).then(|| member_sm.iter().map(|m| m.sm_pct).sum::<f64>());
-    let n = polls.len().max(1) as f64;
-    let clock_event_reasons = CLOCK_EVENT_REASONS
-        .iter()
-        .filter_map(|&(bit, reason)| {
-            let on = polls
-                .iter()
-                .filter(|p| p.clock_event_reasons.is_some_and(|r| r & bit != 0))
-                .count();
-            (on > 0).then(|| ReasonShare {
-                reason,
-                share_of_polls: on as f64 / n,
-            })
-        })
-        .collect();
-    let gpms: Vec<_> = polls.iter().filter_map(|p| p.gpm).collect();
-    let gpm = (!gpms.is_empty()).then(|| GpmSummary {
-        sm_activity_pct: mean(gpms.iter().map(|g| g.sm_activity_pct)),
-        sm_occupancy_pct: mean(gpms.iter().map(|g| g.sm_occupancy_pct)),
-        tensor_activity_pct: mean(gpms.iter().map(|g| g.tensor_activity_pct)),
-        dram_bw_util_pct: mean(gpms.iter().map(|g| g.dram_bw_util_pct)),
-    });
     let watts = |mw: Option<u32>| mw.map(|m| m as f64 / 1000.0);
     GpuDeviceSummary {
         index,
@@ -250,9 +263,9 @@ fn device_summary(g: &GpuRecording, index: u32, from: u64, to: u64) -> GpuDevice
         target_mem_bytes_max: polls.iter().filter_map(|p| p.target_mem_bytes).max(),
         pcie_tx_kib_s: mean(polls.iter().map(|p| p.pcie_tx_kib_s)),
         pcie_rx_kib_s: mean(polls.iter().map(|p| p.pcie_rx_kib_s)),
-        clock_event_reasons,
+        clock_event_reasons: clock_event_reasons(&polls),
         clock_violations: violations(&polls),
-        gpm,
+        gpm: gpm(&polls),
         series: polls
             .iter()
             .map(|p| GpuPoint {
