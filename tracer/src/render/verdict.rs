@@ -138,6 +138,27 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
             tids.join(", ")
         );
     }
+    breakdown_table(r, out);
+    for (name, g) in [("tail", &r.tail), ("median", &r.median)] {
+        if !g.blocked_by.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {name} blocked, ended by: {}",
+                blocked_by(&g.blocked_by)
+            );
+        }
+    }
+    if !r.tail.queued_by.is_empty() {
+        let _ = writeln!(
+            out,
+            "  tail queued behind: {}",
+            queued_by(&r.tail.queued_by)
+        );
+    }
+}
+
+/// The median and tail requests' mean time in each part, and the tail's excess over the median.
+fn breakdown_table(r: &RequestAnalysis, out: &mut String) {
     let _ = writeln!(
         out,
         "  {:<18} {:>10} {:>10} {:>10}",
@@ -185,22 +206,6 @@ fn requests(r: &RequestAnalysis, out: &mut String) {
         dur(r.tail.wall_ns_mean as u64),
         signed(r.excess_ns)
     );
-    for (name, g) in [("tail", &r.tail), ("median", &r.median)] {
-        if !g.blocked_by.is_empty() {
-            let _ = writeln!(
-                out,
-                "  {name} blocked, ended by: {}",
-                blocked_by(&g.blocked_by)
-            );
-        }
-    }
-    if !r.tail.queued_by.is_empty() {
-        let _ = writeln!(
-            out,
-            "  tail queued behind: {}",
-            queued_by(&r.tail.queued_by)
-        );
-    }
 }
 
 /// "request 17 (60.1ms on a CPU) 19.3ms, their runtime pause 1.1ms": what the serving
