@@ -1118,3 +1118,47 @@ fn absence_claims_say_what_they_rest_on() {
         empty.headline
     );
 }
+
+/// Over the window, without requests: a worker's futex waits that a sibling ended are lock
+/// contention when that sibling worked about as long as the worker waited for it, busy or not
+/// over the whole window (a holder working in bursts); the waits a dispatcher ended, which ran
+/// a sliver of them (it hands the worker its next job), are not.
+#[test]
+fn a_bursty_holder_over_the_window_is_lock_contention_and_a_dispatcher_is_not() {
+    use crate::recording::wakers::WakerRecord;
+    const DISPATCHER: u32 = 12;
+    let by = |waker_tid: u32, blocked_ns: u64| WakerRecord {
+        tid: TID,
+        waker_tid,
+        waker_tgid: 100,
+        waker_comm: format!("t{waker_tid}"),
+        kernel_thread: false,
+        syscall: Some(FUTEX as u32),
+        blocked_ns,
+        count: 5,
+        max_ns: blocked_ns / 5,
+        hist: vec![],
+    };
+    // A 10-us window: the worker on a CPU 30 % of it, blocked the rest.
+    let with_holder = |holder_oncpu: u64| {
+        let mut rec = recording(
+            vec![
+                thread(TID, 3_000, 0, &[]),
+                thread(HOLDER, holder_oncpu, 0, &[]),
+                thread(DISPATCHER, 10, 0, &[]),
+            ],
+            vec![],
+        );
+        rec.threads[0].totals.time.blocked_ns = 7_000;
+        rec.wakers = vec![by(DISPATCHER, 5_700), by(HOLDER, 1_300)];
+        rec
+    };
+    // The holder on a CPU 16 % of the window, the waits it ended 13 %.
+    let v = verdict(&with_holder(1_600));
+    assert_eq!(v.primary, Primary::LockContention, "{v:?}");
+    assert!(v.headline.contains("thread 11"), "{}", v.headline);
+    assert!(!v.headline.contains("thread 12"), "{}", v.headline);
+    // The same waits ended by a thread that ran 3 % of the window: a hand-off, not a lock.
+    let v = verdict(&with_holder(300));
+    assert_ne!(v.primary, Primary::LockContention, "{v:?}");
+}
