@@ -123,6 +123,19 @@ pub const JITTER_RATIO_BROAD: f64 = 1.5;
 pub const P90_RATIO: f64 = 1.2;
 pub const JITTER_FLOOR_NS: u64 = 200_000;
 
+/// Whether `n` requests with these quantiles have a tail worth the name (the rule above).
+pub fn is_jitter(n: usize, p50: u64, p90: u64, p99: u64) -> bool {
+    let ratio = if p50 > 0 {
+        p99 as f64 / p50 as f64
+    } else {
+        0.0
+    };
+    n >= MIN_REQUESTS
+        && (ratio >= JITTER_RATIO
+            || ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
+        && p99.saturating_sub(p50) >= JITTER_FLOOR_NS
+}
+
 impl RequestDetail {
     fn named(&self) -> RequestRef {
         RequestRef {
@@ -267,10 +280,7 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
         p99_ns: p99,
         max_ns: r.max,
         jitter_ratio,
-        jitter: n >= MIN_REQUESTS
-            && (jitter_ratio >= JITTER_RATIO
-                || jitter_ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
-            && p99.saturating_sub(p50) >= JITTER_FLOOR_NS,
+        jitter: is_jitter(n, p50, p90, p99),
         closure_error_max: closure.iter().copied().fold(0.0, f64::max),
         closure_within_5pct: if n > 0 {
             closure.iter().filter(|&&c| c <= 0.05).count() as f64 / n as f64

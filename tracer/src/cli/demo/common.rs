@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::scenario::{self, Scenario};
 use crate::{
-    analysis::{Report, analyze},
+    analysis::{Report, analyze, requests::is_jitter},
     cli::args::RecordArgs,
     recording::{Recording, requests::RequestSpan},
 };
@@ -84,6 +84,8 @@ pub fn spawn_self(args: &[String]) -> Result<Reaped> {
 pub struct LatencyStats {
     pub requests: usize,
     pub p50_ns: u64,
+    #[serde(default)]
+    pub p90_ns: u64,
     pub p99_ns: u64,
     pub max_ns: u64,
 }
@@ -103,6 +105,7 @@ pub fn latency_stats(spans: &[RequestSpan], from: u64, to: u64) -> Option<Latenc
     Some(LatencyStats {
         requests: lat.len(),
         p50_ns: at(0.50),
+        p90_ns: at(0.90),
         p99_ns: at(0.99),
         max_ns: *lat.last().expect("non-empty"),
     })
@@ -132,8 +135,9 @@ pub struct DemoPart {
     pub queue: Option<super::queue_check::QueueCheck>,
     /// A scenario whose effect depends on the host (cache-thrash) whose server's own p99
     /// during the recording was not above `NO_EFFECT_P99` times its p99 before the
-    /// disturbance: the injected cause made no tail here to explain, so the run says nothing
-    /// of the verdict's accuracy. Scenario runners repeat such a run rather than score it,
+    /// disturbance, or whose latencies during it had no tail by the verdict's rule
+    /// (`requests::is_jitter`: every request slowed alike, or a few outliers): the injected
+    /// cause made no tail here to explain, so the run says nothing of the verdict's accuracy. Scenario runners repeat such a run rather than score it,
     /// as one with `interference`.
     pub no_effect: bool,
 }
@@ -198,9 +202,13 @@ pub fn outcome(
             wait_share: n.wait_share,
         })
         .or_else(|| steal(&report.summary));
+    // Either the p99 did not rise, or what it made is no tail by the verdict's own rule
+    // (`requests::is_jitter`, on the server's own log): a cause that slows every request
+    // alike, or a few outliers. "No significant jitter" is then the truth.
     let no_effect = scenario.effect_depends_on_host()
         && matches!((latency_baseline, latency_recorded), (Some(b), Some(r))
-            if (r.p99_ns as f64) < NO_EFFECT_P99 * b.p99_ns as f64);
+            if (r.p99_ns as f64) < NO_EFFECT_P99 * b.p99_ns as f64
+                || !is_jitter(r.requests, r.p50_ns, r.p90_ns, r.p99_ns));
     let (expected_primary, expected_mechanism) = scenario.expected(pmu);
     // The lock scenarios name their holder thread so (its ground truth).
     let holder = rec

@@ -98,8 +98,10 @@ fn part_text(p: &DemoPart, r: &Report) -> String {
     if p.no_effect {
         let _ = writeln!(
             out,
-            "  (the injected cause did not slow the server on this host: its p99 was no higher \
-             than before the disturbance, so there was no tail of its making to explain)"
+            "  (the injected cause made no tail on this host: the server's p99 was no higher \
+             than before the disturbance, or what it made was no tail by the verdict's rule (every \
+             request slowed alike, or a few outliers), so there was no jitter of its making to \
+             explain)"
         );
     }
     out
