@@ -236,9 +236,17 @@ fn rank(
         gpus,
     };
     r.shown_others = r.others_on_gpu.iter().map(|&p| s.shown_id(p)).collect();
-    // The times are its GPU-driving threads' (launches or synchronizing calls), where the
-    // probes saw any: a rank has tens of threads idle in poll or a condition variable all the
-    // window (measured: 140 s blocked in 8 s), whose time would drown the step thread's.
+    add_driving_threads(s, stepping, &mut r);
+    if let Some(g) = &s.gpu {
+        add_gpu_figures(g, &mut r);
+    }
+    r
+}
+
+/// The rank's times are its GPU-driving threads' (launches or synchronizing calls), where the
+/// probes saw any: a rank has tens of threads idle in poll or a condition variable all the
+/// window (measured: 140 s blocked in 8 s), whose time would drown the step thread's.
+fn add_driving_threads(s: &Summary, stepping: &BTreeSet<u32>, r: &mut Rank) {
     let mut times = crate::recording::threads::StateTimes::default();
     let driving = s.threads.iter().filter(|t| stepping.contains(&t.tid));
     for (t, c) in driving.filter_map(|t| Some((t, t.cuda.as_ref()?))) {
@@ -252,34 +260,35 @@ fn rank(
         r.runq_wait_ns = times.runq_wait_ns;
         r.blocked_ns = times.blocked_ns;
     }
+}
 
-    if let Some(g) = &s.gpu {
-        let mine: Vec<&super::gpu::GpuDeviceSummary> = g
-            .devices
+/// The rank's GPUs: how busy, its own share of them, and the longest any policy held their
+/// clocks down.
+fn add_gpu_figures(g: &super::gpu::GpuSummary, r: &mut Rank) {
+    let mine: Vec<&super::gpu::GpuDeviceSummary> = g
+        .devices
+        .iter()
+        .filter(|d| r.gpus.contains(&d.index))
+        .collect();
+    r.gpu_busy_pct = mean(mine.iter().map(|d| d.util_gpu_pct));
+    r.own_sm_pct = mean(mine.iter().map(|d| {
+        d.member_sm
             .iter()
-            .filter(|d| r.gpus.contains(&d.index))
-            .collect();
-        r.gpu_busy_pct = mean(mine.iter().map(|d| d.util_gpu_pct));
-        r.own_sm_pct = mean(mine.iter().map(|d| {
-            d.member_sm
-                .iter()
-                .find(|m| m.pid == p.pid)
-                .map(|m| m.sm_pct)
-        }));
-        r.clocks_held_ns = mine
-            .iter()
-            .flat_map(|d| &d.clock_violations)
-            .filter(|v| {
-                matches!(
-                    v.policy.as_str(),
-                    "power" | "thermal" | "board_limit" | "reliability"
-                )
-            })
-            .map(|v| v.ns)
-            .max()
-            .unwrap_or(0);
-    }
-    r
+            .find(|m| m.pid == r.pid)
+            .map(|m| m.sm_pct)
+    }));
+    r.clocks_held_ns = mine
+        .iter()
+        .flat_map(|d| &d.clock_violations)
+        .filter(|v| {
+            matches!(
+                v.policy.as_str(),
+                "power" | "thermal" | "board_limit" | "reliability"
+            )
+        })
+        .map(|v| v.ns)
+        .max()
+        .unwrap_or(0);
 }
 
 /// Blocked time of rank `pid`'s GPU-driving threads (launches or synchronizing calls) that a
