@@ -123,13 +123,18 @@ pub const JITTER_RATIO_BROAD: f64 = 1.5;
 pub const P90_RATIO: f64 = 1.2;
 pub const JITTER_FLOOR_NS: u64 = 200_000;
 
-/// Whether `n` requests with these quantiles have a tail worth the name (the rule above).
-pub fn is_jitter(n: usize, p50: u64, p90: u64, p99: u64) -> bool {
-    let ratio = if p50 > 0 {
+/// p99 / p50 (0 without a p50).
+fn jitter_ratio(p50: u64, p99: u64) -> f64 {
+    if p50 > 0 {
         p99 as f64 / p50 as f64
     } else {
         0.0
-    };
+    }
+}
+
+/// Whether `n` requests with these quantiles have a tail worth the name (the rule above).
+pub fn is_jitter(n: usize, p50: u64, p90: u64, p99: u64) -> bool {
+    let ratio = jitter_ratio(p50, p99);
     n >= MIN_REQUESTS
         && (ratio >= JITTER_RATIO
             || ratio >= JITTER_RATIO_BROAD && p90 as f64 >= P90_RATIO * p50 as f64)
@@ -257,11 +262,6 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
     let oncpu = normal.parts.oncpu_ns;
     let (median, tail) = (group(&pick(&r.median), oncpu), group(&pick(&r.tail), oncpu));
     let (p50, p90, p99) = (r.p50, r.p90, r.p99);
-    let jitter_ratio = if p50 > 0 {
-        p99 as f64 / p50 as f64
-    } else {
-        0.0
-    };
     let slowest = r
         .order
         .iter()
@@ -279,7 +279,7 @@ pub fn analyze(rec: &Recording, prev: Option<&Recording>) -> Option<RequestAnaly
         p90_ns: p90,
         p99_ns: p99,
         max_ns: r.max,
-        jitter_ratio,
+        jitter_ratio: jitter_ratio(p50, p99),
         jitter: is_jitter(n, p50, p90, p99),
         closure_error_max: closure.iter().copied().fold(0.0, f64::max),
         closure_within_5pct: if n > 0 {

@@ -137,8 +137,8 @@ pub struct DemoPart {
     /// during the recording was not above `NO_EFFECT_P99` times its p99 before the
     /// disturbance, or whose latencies during it had no tail by the verdict's rule
     /// (`requests::is_jitter`: every request slowed alike, or a few outliers): the injected
-    /// cause made no tail here to explain, so the run says nothing of the verdict's accuracy. Scenario runners repeat such a run rather than score it,
-    /// as one with `interference`.
+    /// cause made no tail here to explain, so the run says nothing of the verdict's accuracy.
+    /// Scenario runners repeat such a run rather than score it, as one with `interference`.
     pub no_effect: bool,
 }
 
