@@ -106,8 +106,10 @@ fn assert_exact(doc: &serde_json::Value, deltas: &[(u32, KernelCounts)]) {
             // Every complete run-queue wait the kernel counted reached userspace in a
             // switch-in record and was classified there.
             let c = &t["wait_classes"];
-            let classified =
-                u(&c["contention_waits"]) + u(&c["migration_waits"]) + u(&c["idle_cpu_waits"]);
+            let classified = u(&c["contention_waits"])
+                + u(&c["migration_waits"])
+                + u(&c["idle_cpu_waits"])
+                + u(&c["handoff_waits"]);
             assert_eq!(
                 classified,
                 u(&t["runq_waits"]),

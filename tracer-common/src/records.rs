@@ -92,7 +92,8 @@ pub const SWITCH_RUNNABLE_UNSURE: u32 = 2;
 pub const WAIT_CODE_SHIFT: u32 = 8;
 /// Where a `SwitchIn` record keeps the share of its wait, in thousandths (0-1000, 10 bits),
 /// that CFS bandwidth control held the thread's cgroup throttled (its CPU quota spent for the
-/// period), whatever the wait's code says ran meanwhile. 0 in trace files written before.
+/// period), whatever the wait's code says ran meanwhile; of a `WaitCode::Handoff`, the share
+/// its partner held the CPU instead. 0 in trace files written before.
 pub const THROTTLED_SHIFT: u32 = 16;
 pub const THROTTLED_MASK: u32 = 0x3ff;
 /// The bits of `Event::kind` that hold the `EventKind`.
@@ -112,6 +113,11 @@ pub enum WaitCode {
     Migration = 2,
     /// The CPU was idle when the thread got it.
     IdleCpu = 3,
+    /// A handoff: the thread waited behind the thread it exchanges work with, which blocked as
+    /// it got the CPU: one it had just woken and was preempted by, or the one that woke it on
+    /// its own CPU and ran on (tracer-ebpf `sched/mod.rs`, `linked`). The share field says
+    /// how much of the wait that thread's last slice covered; the rest is contention.
+    Handoff = 4,
 }
 
 impl Event {
@@ -121,20 +127,41 @@ impl Event {
         EventKind::try_from(self.kind & KIND_MASK)
     }
 
-    /// For a `SwitchIn`, how much of the wait it ended the thread's cgroup was throttled.
+    /// For a `SwitchIn`, the part of the wait it ended that its share field gives: of a
+    /// handoff, the part its partner held the CPU; of any other wait, the part the thread's
+    /// cgroup was throttled.
     #[inline(always)]
-    pub fn throttled_ns(&self) -> u64 {
+    pub fn part_ns(&self) -> u64 {
         let permille = u128::from((self.kind >> THROTTLED_SHIFT) & THROTTLED_MASK).min(1000);
         // In u128: a damaged file's wait can be any u64.
         (u128::from(self.value) * permille / 1000) as u64
     }
 
+    /// For a `SwitchIn`, how much of the wait it ended the thread's cgroup was throttled.
+    #[inline(always)]
+    pub fn throttled_ns(&self) -> u64 {
+        match self.wait_code() {
+            WaitCode::Handoff => 0,
+            _ => self.part_ns(),
+        }
+    }
+
+    /// For a `SwitchIn` that ended a handoff, the part of the wait its partner held the CPU.
+    #[inline(always)]
+    pub fn handoff_ns(&self) -> u64 {
+        match self.wait_code() {
+            WaitCode::Handoff => self.part_ns(),
+            _ => 0,
+        }
+    }
+
     #[inline(always)]
     pub fn wait_code(&self) -> WaitCode {
-        match (self.kind >> WAIT_CODE_SHIFT) & 3 {
+        match (self.kind >> WAIT_CODE_SHIFT) & 7 {
             1 => WaitCode::Contention,
             2 => WaitCode::Migration,
             3 => WaitCode::IdleCpu,
+            4 => WaitCode::Handoff,
             _ => WaitCode::None,
         }
     }

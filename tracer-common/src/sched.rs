@@ -87,6 +87,13 @@ pub const FLAG_RUNNABLE_UNSURE: u32 = 128;
 /// began, so its growth at the switch-in is the wait's throttled part. A wait begun another way
 /// (a repaired switch) has no reading, and its share is left unknown (0).
 pub const FLAG_THROTTLE_BASE: u32 = 256;
+/// `ThreadStats::flags`, kernel side only: the thread's current wait began with a wakeup
+/// whose waker `sched_waking` noted (`waker_tid`); cleared when it next switches in or out.
+pub const FLAG_WOKEN: u32 = 512;
+/// `ThreadStats::flags`, kernel side only: the thread was preempted by the thread it had just
+/// woken (that thread's `FLAG_WOKEN` wait, `waker_tid` this one). If that thread blocks as
+/// this one gets the CPU back, the wait was a handoff (`WaitCode::Handoff`).
+pub const FLAG_HANDOFF: u32 = 1024;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///

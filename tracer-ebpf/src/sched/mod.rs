@@ -26,9 +26,9 @@ mod wakeup;
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_MOVED, FLAG_REPAIRED,
-    FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, Preemptor, SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT,
-    ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_HANDOFF, FLAG_MOVED, FLAG_REPAIRED,
+    FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, FLAG_WOKEN, Preemptor, SWITCH_RUNNABLE_UNSURE,
+    THROTTLED_SHIFT, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
 };
 
 use crate::maps::{Batch, CPU_WAIT, PREEMPTORS, config, count, sends_when_idle};
@@ -253,26 +253,77 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
             }
         }
     }
-    if let Some(t) = prev {
-        switch_out(t, cpu, now, sw, &mut out);
-    }
-    if sw.next_target
-        && let Some(t) = thread(sw.next_pid, sw.next_tgid, sw.next_comm)
-    {
-        switch_in(t, cpu, now, sw, &mut out);
+    let next = if sw.next_target {
+        thread(sw.next_pid, sw.next_tgid, sw.next_comm)
+    } else {
+        None
+    };
+    // Whether `prev` leaves the CPU to the thread it has just woken (a handoff, if that one
+    // keeps the CPU until `prev` gets it back: `linked`), and, for `next`'s own handoff
+    // test, whether `prev` blocks, who last woke it and since when it ran.
+    let to_wakee = match next.as_deref() {
+        Some(n) => {
+            n.flags & FLAG_WOKEN != 0
+                && n.state == ThreadState::Runnable as u32
+                && n.waker_tid == sw.prev_pid
+        }
+        None => false,
+    };
+    // Who last woke `prev`, and since when it has run (its slice).
+    let (prev_waker, prev_since) = match prev.as_deref() {
+        Some(t) => (t.waker_tid, t.state_ts_ns),
+        None => (NO_TASK, now),
+    };
+    let prev_blocks = match prev {
+        Some(t) => switch_out(t, cpu, now, sw, to_wakee, &mut out),
+        None => false,
+    };
+    if let Some(t) = next {
+        let since = if prev_blocks && linked(t, sw.prev_pid, prev_waker) {
+            prev_since
+        } else {
+            now
+        };
+        switch_in(t, cpu, now, sw, since, &mut out);
     }
     out.age(sw.next_pid == 0 && sends_when_idle(cpu));
 }
 
+/// Not a task ID: a `prev_waker` when `prev` is not a target thread.
+const NO_TASK: u32 = u32::MAX;
+
+/// Whether `prev` (TID `prev_pid`, woken last by `prev_waker`), blocking as `t` gets the CPU,
+/// is the thread `t` exchanges work with: `t` had woken it and was preempted by it
+/// (`FLAG_HANDOFF`), or it had woken `t` here and kept running (`FLAG_WOKEN`: a sync wakeup
+/// puts the wakee on the waker's CPU, and a socket's reader wakes its writer). Then the part
+/// of `t`'s wait that `prev`'s last slice covers is a handoff (`wait_kind_bits`): the exchange
+/// itself, not a CPU denied, as `t` gets the CPU when its partner blocks, once its part is
+/// done. A partner preempted at the end (a busy thread that woke `t` and ran on) is none.
 #[inline(always)]
-fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+fn linked(t: &ThreadStats, prev_pid: u32, prev_waker: u32) -> bool {
+    (t.flags & FLAG_HANDOFF != 0 && prev_waker == t.tid)
+        || (t.flags & FLAG_WOKEN != 0 && t.waker_tid == prev_pid)
+}
+
+/// `t` leaves the CPU; `to_wakee`: to the thread it has just woken. Returns whether it
+/// blocked (or exited) rather than stayed runnable.
+#[inline(always)]
+fn switch_out(
+    t: &mut ThreadStats,
+    cpu: u32,
+    now: u64,
+    sw: &Switch,
+    to_wakee: bool,
+    out: &mut Batch,
+) -> bool {
     let mut slice = leave(t, now, ThreadState::Running);
     if t.flags & FLAG_REPAIRED != 0 {
         slice = settle_repaired(t, sw.prev_task, slice);
     }
     crate::counters::slice_end(sw.prev_pid, cpu, now, out);
     t.last_cpu = cpu;
-    t.flags &= !FLAG_MOVED;
+    // A wait that begins here began with no wakeup; one repaired or cut short left its flags.
+    t.flags &= !(FLAG_MOVED | FLAG_WOKEN | FLAG_HANDOFF);
     let involuntary = if sw.preempt {
         true
     } else if sw.prev_state == STATE_UNKNOWN {
@@ -287,6 +338,9 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
         }
         enter(t, ThreadState::Runnable, now);
         t.wait_cpu = cpu;
+        if to_wakee {
+            t.flags |= FLAG_HANDOFF;
+        }
         note_throttle_base(t, sw.prev_task);
         waiter_add(cpu, now);
     } else {
@@ -311,10 +365,18 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
             slice,
         ));
     }
+    !involuntary
 }
 
 #[inline(always)]
-fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+fn switch_in(
+    t: &mut ThreadStats,
+    cpu: u32,
+    now: u64,
+    sw: &Switch,
+    partner_since: u64,
+    out: &mut Batch,
+) {
     t.flags &= !FLAG_RUNNABLE_UNSURE;
     let counts = counts_of(sw.next_task);
     if let Some(c) = counts.as_ref()
@@ -373,7 +435,8 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
     } else {
         0
     };
-    let kind = wait_kind_bits(t, sw, waited);
+    let handoff = now.saturating_sub(partner_since).min(waited);
+    let kind = wait_kind_bits(t, sw, waited, handoff);
     let mut ev = event(
         now,
         sw.next_pid,
@@ -387,26 +450,35 @@ fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Bat
 }
 
 /// The switch-in record's wait bits for the wait of `waited` ns it ends (0: none): its
-/// `WaitCode` and throttled share. Ends the wait's flags.
+/// `WaitCode` and throttled share, or, for a handoff, the share of the wait (its last
+/// `handoff` ns) that the partner held the CPU (`linked`). Ends the wait's flags.
 #[inline(always)]
-fn wait_kind_bits(t: &mut ThreadStats, sw: &Switch, waited: u64) -> u32 {
+fn wait_kind_bits(t: &mut ThreadStats, sw: &Switch, waited: u64, handoff: u64) -> u32 {
     // The same rules as userspace's WaitTracker, which needs the events in time order. A
     // thread moved while it waited sits in another CPU's group queue, whose throttled time
     // is another count: its throttled share is not known. A wait too short to hold a
     // throttle worth naming skips the read (most waits of a busy server: +9 ns a switch-in
     // on the pipe benchmark when read at every one).
-    let throttled = if t.flags & FLAG_MOVED == 0 && waited >= THROTTLED_MIN_WAIT_NS {
+    let moved = t.flags & FLAG_MOVED != 0;
+    let share = if !moved && handoff != 0 {
+        // The partner's part, where a contention wait keeps its throttled part (`handoff` is
+        // at most `waited`, so never 0 here: `checked_div` only keeps a panic path out of
+        // the program, which the verifier rejects).
+        (handoff * 1000).checked_div(waited).unwrap_or(0) as u32
+    } else if !moved && waited >= THROTTLED_MIN_WAIT_NS {
         throttled_permille(t, sw.next_task, waited)
     } else {
         0
     };
-    let code = if t.flags & FLAG_MOVED != 0 {
+    let code = if moved {
         WaitCode::Migration
+    } else if handoff != 0 {
+        WaitCode::Handoff
     } else if sw.prev_pid == 0 {
         WaitCode::IdleCpu
     } else {
         WaitCode::Contention
     };
-    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE);
-    (code as u32) << WAIT_CODE_SHIFT | throttled << THROTTLED_SHIFT
+    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE | FLAG_HANDOFF | FLAG_WOKEN);
+    (code as u32) << WAIT_CODE_SHIFT | share << THROTTLED_SHIFT
 }

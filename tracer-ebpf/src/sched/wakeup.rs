@@ -4,7 +4,7 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    Counter, EventKind, FLAG_RUNNABLE_UNSURE, PF_KTHREAD, RUNQ_HIST_SLOTS, ThreadState,
+    Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, PF_KTHREAD, RUNQ_HIST_SLOTS, ThreadState,
     ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WakerKey, WakerRun, hist_slot,
 };
 
@@ -66,6 +66,12 @@ pub fn on_wakeup(
     // program): the blocked interval just closed goes to it.
     let noted = t.waker_flags & WAKER_PENDING != 0;
     t.waker_flags &= !WAKER_PENDING;
+    // The wait begins with this wakeup: a preemption of its waker by it may be a handoff.
+    if noted && !new {
+        t.flags |= FLAG_WOKEN;
+    } else {
+        t.flags &= !FLAG_WOKEN;
+    }
     if noted
         && !new
         && let Some(since) = blocked_since

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use super::wakers::{Classifier, WakerRef};
 use crate::recording::{
     Recording,
-    timeline::{Interval, State, Timelines},
+    timeline::{Interval, State, Timelines, Woken},
+    waits::WaitKind,
     wakers::BlockedIn,
 };
 
@@ -135,7 +136,17 @@ impl<'a> Held<'a> {
     }
 
     /// Who ended the blocked interval `i` of `tid`, when its wakeup was seen.
+    /// Who ended a blocked interval `i` of `tid`; for a handoff (a run-queue wait behind the
+    /// thread `tid` had just woken), that thread, as if it had woken `tid`.
     pub fn woken_by(&self, tid: u32, i: &Interval) -> Option<WakerRef> {
+        if let Some((WaitKind::Handoff, by)) = i.wait {
+            let w = Woken {
+                by,
+                syscall: None,
+                flags: 0,
+            };
+            return Some(self.wakers.of_woken(tid, &w));
+        }
         i.woken.map(|w| self.wakers.of_woken(tid, &w))
     }
 

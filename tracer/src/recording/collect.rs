@@ -63,7 +63,7 @@ impl Collector {
                         let t = self.waits.entry(ev.tid).or_default();
                         t.samples.record(ev.value);
                         if let Some(kind) = WaitKind::of(&ev) {
-                            t.classes.add(kind, ev.value, ev.throttled_ns());
+                            t.classes.add(kind, ev.value, ev.part_ns());
                         }
                     }
                     Ok(EventKind::RequestStart | EventKind::RequestEnd) => {

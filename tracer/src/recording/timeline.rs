@@ -51,6 +51,9 @@ pub struct Interval {
     pub wait: Option<(WaitKind, u32)>,
     /// Of a runnable interval ended by a switch-in, the part its cgroup was throttled.
     pub throttled_ns: u64,
+    /// Of a handoff (`WaitKind::Handoff`), the part its partner (`wait`'s task) held the CPU,
+    /// at the interval's end; the rest was behind other tasks.
+    pub handoff_ns: u64,
     /// Blocked intervals ended by a wakeup: who woke the thread and what it was blocked in.
     pub woken: Option<Woken>,
 }
@@ -65,6 +68,7 @@ impl Interval {
             cpu,
             wait: None,
             throttled_ns: 0,
+            handoff_ns: 0,
             woken: None,
         }
     }
@@ -137,6 +141,7 @@ impl ThreadTimeline {
         {
             last.wait = Some((kind, ev.aux));
             last.throttled_ns = ev.throttled_ns().min(last.end_ns - last.start_ns);
+            last.handoff_ns = ev.handoff_ns().min(last.end_ns - last.start_ns);
         }
     }
 

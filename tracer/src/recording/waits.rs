@@ -1,7 +1,8 @@
 //! Why a run-queue wait happened, told from the transitions around it: the thread was moved to
 //! another CPU while it waited (a forced migration: affinity change, load balancing), the CPU
 //! it waited for was idle when it finally ran (cgroup throttling, or a slow wakeup of an idle
-//! CPU), or another task held the CPU (contention). Apart from its kind, each wait says how much
+//! CPU), the thread it had just woken held the CPU (a handoff, not lost time), or another task
+//! held the CPU (contention). Apart from its kind, each wait says how much
 //! of it the thread's cgroup was throttled (its CPU quota spent), from the kernel's own
 //! throttled-time count of the thread's group queue: that part is throttling, whoever ran.
 //! The kernel side decides (tracer-ebpf `sched/`) and says so in each switch-in record; `trace/upgrade.rs` decides the same for
@@ -20,6 +21,13 @@ pub enum WaitKind {
     /// The CPU was idle when the thread got it: the thread could not run although a CPU was
     /// free (its cgroup was throttled), or the idle CPU took long to wake.
     IdleCpu,
+    /// A handoff: the thread waited behind the thread it exchanges work with, which held the
+    /// CPU until it blocked: one it had just woken and was preempted by (a request passed to
+    /// a worker or another process on the same CPU), or the one that had woken it on its own
+    /// CPU and ran on (a sync wakeup; a socket's reader wakes its writer). The wait is the
+    /// exchange, not a CPU denied: it is not contention, and a request's decomposition
+    /// follows it to that thread like a blocked wait ended by it.
+    Handoff,
 }
 
 impl WaitKind {
@@ -29,6 +37,7 @@ impl WaitKind {
             Self::Contention => "contention",
             Self::Migration => "migration",
             Self::IdleCpu => "idle_cpu",
+            Self::Handoff => "handoff",
         }
     }
 
@@ -40,6 +49,7 @@ impl WaitKind {
             WaitCode::Contention => Some(Self::Contention),
             WaitCode::Migration => Some(Self::Migration),
             WaitCode::IdleCpu => Some(Self::IdleCpu),
+            WaitCode::Handoff => Some(Self::Handoff),
         }
     }
 }
@@ -72,13 +82,31 @@ pub struct WaitClasses {
     /// The waits with such a part.
     #[serde(default)]
     pub throttled_waits: u64,
+    /// Handoffs: waits behind the thread it exchanges work with, until that one blocked
+    /// (`WaitKind::Handoff`): the part its partner held the CPU (the rest, behind other tasks,
+    /// is in `contention_ns`, the wait counted here). Recordings from before the kernel said
+    /// have none.
+    #[serde(default)]
+    pub handoff_ns: u64,
+    #[serde(default)]
+    pub handoff_waits: u64,
 }
 
 impl WaitClasses {
-    /// A wait of `ns`, `throttled` of it with the cgroup throttled.
-    pub fn add(&mut self, kind: WaitKind, ns: u64, throttled: u64) {
+    /// A wait of `ns` and its `part` (`Event::part_ns`): of a contention wait, the part with
+    /// the cgroup throttled; of a handoff, the part its partner held the CPU, the rest of it
+    /// behind other tasks (contention).
+    pub fn add(&mut self, kind: WaitKind, ns: u64, part: u64) {
+        if kind == WaitKind::Handoff {
+            let handoff = part.min(ns);
+            self.handoff_ns += handoff;
+            self.handoff_waits += 1;
+            // One wait, counted once, as a handoff; its time behind others is contention's.
+            self.contention_ns += ns - handoff;
+            return;
+        }
         let throttled = if kind == WaitKind::Contention {
-            throttled.min(ns)
+            part.min(ns)
         } else {
             0
         };
@@ -104,7 +132,17 @@ impl WaitClasses {
                     self.idle_cpu_long_waits += 1;
                 }
             }
+            WaitKind::Handoff => {}
         }
+    }
+
+    /// All the waits' time, whatever their kind.
+    pub fn total_ns(&self) -> u64 {
+        self.contention_ns
+            + self.migration_ns
+            + self.idle_cpu_ns
+            + self.throttled_ns
+            + self.handoff_ns
     }
 
     pub fn merge(&mut self, o: &WaitClasses) {
@@ -118,6 +156,8 @@ impl WaitClasses {
         self.idle_cpu_long_waits += o.idle_cpu_long_waits;
         self.throttled_ns += o.throttled_ns;
         self.throttled_waits += o.throttled_waits;
+        self.handoff_ns += o.handoff_ns;
+        self.handoff_waits += o.handoff_waits;
     }
 }
 
@@ -137,5 +177,20 @@ mod tests {
         d.merge(&c);
         d.merge(&c);
         assert_eq!(d.contention_ns, 20);
+    }
+
+    #[test]
+    fn a_handoff_s_part_is_its_own_class_and_the_rest_contention() {
+        let mut c = WaitClasses::default();
+        c.add(WaitKind::Handoff, 700, 300);
+        c.add(WaitKind::Handoff, 200, 200);
+        c.add(WaitKind::Contention, 100, 40);
+        assert_eq!((c.handoff_waits, c.handoff_ns), (2, 500));
+        assert_eq!((c.contention_waits, c.contention_ns), (1, 400 + 60));
+        assert_eq!(c.throttled_ns, 40);
+        assert_eq!(c.total_ns(), 1000);
+        let mut d = WaitClasses::default();
+        d.merge(&c);
+        assert_eq!((d.handoff_waits, d.handoff_ns), (2, 500));
     }
 }

@@ -108,6 +108,15 @@ fn header(out: &mut String, s: &Summary) {
         pct(t.runq_wait_share),
         dur(t.time.blocked_ns)
     );
+    let h = &t.wait_classes;
+    if h.handoff_waits > 0 {
+        let _ = writeln!(
+            out,
+            "    of which {} in {} handoffs: behind the thread it exchanges work with (one it woke, or its waker) until that one blocked; the exchange, not a CPU denied",
+            dur(h.handoff_ns),
+            h.handoff_waits
+        );
+    }
     let _ = writeln!(
         out,
         // Counted as they end: one still open at the window's end is in the time above only.

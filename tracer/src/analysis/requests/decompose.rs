@@ -55,6 +55,14 @@ pub(super) fn piece(
     let ov = (ie - is) as f64;
     let mut lock = None;
     match i.state {
+        // A handoff: the thread the serving thread exchanges work with held the CPU to the
+        // wait's end, so it waited for that thread's work as if blocked on it
+        // (`Held::woken_by` names it); before that, behind other tasks.
+        State::Runnable if i.wait.map(|w| w.0) == Some(WaitKind::Handoff) => {
+            let handoff = overlap(is, ie, i.end_ns - i.handoff_ns, i.end_ns) as f64;
+            p.blocked_ns += handoff;
+            p.runq_contention_ns += ov - handoff;
+        }
         State::Runnable => {
             let idle = i.cpu.map_or(0, |c| stalls.overlap(c, is, ie)) as f64;
             // The throttled part of a wait behind other tasks, pro rata over the piece: where
@@ -164,8 +172,13 @@ pub(super) fn decompose<'a>(
         }
         let (mut q, lock) = piece(i, (is, ie), (s, busy_until), v, stalls, held, r.tid);
         let waker = held.woken_by(r.tid, i);
-        let piece_holders =
-            handoff::follow(&mut q, lock, waker.as_ref(), (r.tid, is, ie), other, ctx2);
+        // A handoff's blocked part is its partner's running, the work handed over: nothing
+        // further to follow.
+        let piece_holders = if i.state == State::Runnable {
+            Vec::new()
+        } else {
+            handoff::follow(&mut q, lock, waker.as_ref(), (r.tid, is, ie), other, ctx2)
+        };
         // Where the queued time lies, for the chase (queue.rs): the same amount, spread over
         // the stretch of the piece before `busy_until`.
         let (qa, qb) = (is, ie.min(busy_until));

@@ -259,6 +259,55 @@ mod tests {
     }
 
     #[test]
+    fn a_handoff_is_blocked_on_its_partner_and_the_rest_of_the_wait_contention() {
+        // Thread 10 woke thread 11 and was preempted by it; 11 ran 4 ms and blocked, and 10
+        // got its CPU back. The kernel calls the 4 ms a handoff: 10 waited for 11's work, as
+        // if blocked until 11 woke it, not for a CPU.
+        let own = [Interval {
+            wait: Some((WaitKind::Handoff, 11)),
+            handoff_ns: 4 * MS,
+            ..Interval::plain(0, 4 * MS, State::Runnable, Some(0))
+        }];
+        let threads = vec![
+            crate::recording::testutil::thread(10, 0, 4 * MS, &[4 * MS]),
+            crate::recording::testutil::thread(11, 4 * MS, 0, &[]),
+        ];
+        let rec = recording(threads, vec![]);
+        let held = Held::build(&rec, &BTreeMap::new());
+        let stalls = Stalls::build(&BTreeMap::new());
+        let partner = held.woken_by(10, &own[0]).expect("the partner");
+        assert_eq!((partner.tid, partner.kind), (11, WakerKind::SameProcess));
+        let mine = ThreadView {
+            intervals: &own,
+            syncs: &[],
+            migrations: &[],
+            slices: &[],
+        };
+        let (q, _) = piece(&own[0], (0, 4 * MS), (0, 0), &mine, &stalls, &held, 10);
+        assert_eq!((q.blocked_ns, q.runq_contention_ns), (4e6, 0.0));
+        // 11 was preempted by another task during the wait: only its last slice, the wait's
+        // last 1 ms, is the handoff; the 3 ms before, behind the other task, contention. A
+        // request's piece of it counts what it covers of each.
+        let split = Interval {
+            handoff_ns: MS,
+            ..own[0]
+        };
+        let (q, _) = piece(&split, (0, 4 * MS), (0, 0), &mine, &stalls, &held, 10);
+        assert_eq!((q.blocked_ns, q.runq_contention_ns), (1e6, 3e6));
+        let (q, _) = piece(&split, (2 * MS, 4 * MS), (0, 0), &mine, &stalls, &held, 10);
+        assert_eq!((q.blocked_ns, q.runq_contention_ns), (1e6, 1e6));
+        // The same wait behind another task is contention, and names no partner.
+        let other = Interval {
+            wait: Some((WaitKind::Contention, 11)),
+            handoff_ns: 0,
+            ..own[0]
+        };
+        assert!(held.woken_by(10, &other).is_none());
+        let (q, _) = piece(&other, (0, 4 * MS), (0, 0), &mine, &stalls, &held, 10);
+        assert_eq!((q.blocked_ns, q.runq_contention_ns), (0.0, 4e6));
+    }
+
+    #[test]
     fn a_lock_wait_for_a_preempted_holder_is_its_run_queue_wait() {
         // Thread 10 waits 10 ms in a futex until thread 11 hands it over; meanwhile 11 waited
         // 5 ms for a CPU, ran 3 ms and was blocked 2 ms. The 10 ms: 5 run-queue contention, 5

@@ -15,25 +15,45 @@ use crate::analysis::{
 const CLOSE: f64 = 2.0 / 3.0;
 
 /// The neighbours that took the CPU from the target's threads (the idle task and the migration
-/// stopper aside: those are throttling, slow wakeups and migrations), largest first.
-fn contenders(s: &Summary) -> impl Iterator<Item = &Neighbour> {
-    s.neighbours
+/// stopper aside: those are throttling, slow wakeups and migrations), largest first. The
+/// kernel charges a handoff to the partner that held the CPU, like any wait; it is not
+/// contention, so the service's own share is without the handoffs (`wait_classes`: most
+/// partners are threads of the service; one outside it keeps its share).
+fn contenders(s: &Summary) -> Vec<Neighbour> {
+    let handoff = s.totals.wait_classes.handoff_ns;
+    let mut v: Vec<Neighbour> = s
+        .neighbours
         .iter()
         .filter(|n| n.kind != NeighbourKind::Idle && !n.is_stopper())
+        .cloned()
+        .map(|mut n| {
+            if n.kind == NeighbourKind::Target && handoff > 0 {
+                let kept = n.wait_ns.saturating_sub(handoff);
+                n.wait_share *= kept as f64 / n.wait_ns.max(1) as f64;
+                n.wait_ns = kept;
+            }
+            n
+        })
+        .filter(|n| n.wait_ns > 0)
+        .collect();
+    v.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.kind.cmp(&b.kind)));
+    v
 }
 
 /// The neighbour that caused most of the target's run-queue waiting.
-pub(crate) fn top(s: &Summary) -> Option<&Neighbour> {
-    contenders(s).next()
+pub(crate) fn top(s: &Summary) -> Option<Neighbour> {
+    contenders(s).into_iter().next()
 }
 
 /// The top neighbour, and the second when it is close.
-fn sides(s: &Summary) -> (Option<&Neighbour>, Option<&Neighbour>) {
-    let mut it = contenders(s);
+fn sides(s: &Summary) -> (Option<Neighbour>, Option<Neighbour>) {
+    let mut it = contenders(s).into_iter();
     let first = it.next();
-    let second = it
-        .next()
-        .filter(|b| first.is_some_and(|a| b.wait_ns as f64 >= CLOSE * a.wait_ns as f64));
+    let second = it.next().filter(|b| {
+        first
+            .as_ref()
+            .is_some_and(|a| b.wait_ns as f64 >= CLOSE * a.wait_ns as f64)
+    });
     (first, second)
 }
 
@@ -70,7 +90,7 @@ fn contender(s: &Summary, n: &Neighbour) -> Contender {
 pub(crate) fn mechanism(s: &Summary) -> Mechanism {
     let (a, b) = sides(s);
     Mechanism::RunQueueContention {
-        by: a.into_iter().chain(b).map(|n| contender(s, n)).collect(),
+        by: a.into_iter().chain(b).map(|n| contender(s, &n)).collect(),
     }
 }
 
@@ -79,7 +99,7 @@ pub(crate) fn caused(s: &Summary, scope: &str) -> String {
     top(s).map_or(String::new(), |n| {
         format!(
             "; {scope}{} caused {} of the target's waiting",
-            contender(s, n),
+            contender(s, &n),
             pct(n.wait_share, "")
         )
     })

@@ -71,7 +71,7 @@ impl Waits {
     fn of(s: &Summary) -> Self {
         let t = &s.totals;
         let c: &WaitClasses = &t.wait_classes;
-        let classified = (c.contention_ns + c.migration_ns + c.idle_cpu_ns + c.throttled_ns) as f64;
+        let classified = c.total_ns() as f64;
         // The wait classes come from the timeline; the kernel's total is exact even if events
         // were lost, so they are scaled to it.
         let scale = if classified > 0.0 {
@@ -98,12 +98,16 @@ impl Waits {
             runq * (1.0 - idle_share - stopper_share)
         };
         let migration_ns = c.migration_ns as f64 * scale;
+        // A handoff (behind the thread it exchanges work with, until that one blocked) is
+        // charged to that thread like any wait, but the waiter was waiting for its part of
+        // the work: no CPU was wanted and denied.
+        let handoff_ns = c.handoff_ns as f64 * scale;
         // Waits after a forced move are charged to whoever ran on the new CPU; they count as
         // migrations, not contention. Waits the cgroup's quota held while other tasks ran are
         // charged to those tasks; they count as throttling.
         // (Of what the kernel charged to other tasks, not to the idle task: a throttled wait's
         // idle stretches are already in `idle_ns`.)
-        let charged = (others - migration_ns).max(0.0);
+        let charged = (others - migration_ns - handoff_ns).max(0.0);
         let held = (c.throttled_ns as f64 * scale).min(charged);
         // Within a quota period a throttled cgroup runs its quota and no more: a wait behind
         // another task in a period that ended throttled was made up for later in it
@@ -112,7 +116,7 @@ impl Waits {
         // behind other tasks that the quota made up for.
         let made_up_ns = (charged - held) * throttled_period_share(s);
         Waits {
-            wanted: (t.time.oncpu_ns + t.time.runq_wait_ns).max(1) as f64,
+            wanted: ((t.time.oncpu_ns + t.time.runq_wait_ns) as f64 - handoff_ns).max(1.0),
             contention_ns: charged - held - made_up_ns,
             throttled_ns: held + made_up_ns,
             made_up_ns,

@@ -279,7 +279,7 @@ fn recording_short(s: &Summary) -> Vec<NotAssessed> {
 
 /// The neighbour that caused most of the target's run-queue waiting (idle CPUs and the
 /// migration stopper aside: those are throttling, slow wakeups and migrations).
-pub(crate) fn top_neighbour(s: &Summary) -> Option<&super::neighbours::Neighbour> {
+pub(crate) fn top_neighbour(s: &Summary) -> Option<super::neighbours::Neighbour> {
     contention::top(s)
 }
 

@@ -205,7 +205,7 @@ impl Server {
             if let Some(kind) = WaitKind::of(ev)
                 && ev.value > 1
             {
-                th.wait_classes.add(kind, ev.value, ev.throttled_ns());
+                th.wait_classes.add(kind, ev.value, ev.part_ns());
             }
         }
         if !self.syncs.is_empty() {
@@ -817,6 +817,53 @@ fn without_requests_the_impediments_decide() {
     // 2 % waiting is below the threshold.
     let v = verdict(&window(980, 20, vec![hog(20 * MS)]));
     assert_eq!(v.primary, Primary::None, "{v:?}");
+}
+
+/// A serving thread that passes each request to a worker on its own CPU waits behind it until
+/// it blocks (`WaitKind::Handoff`): the same run-queue wait, charged to the same thread, is
+/// contention only when the kernel did not call it a handoff.
+#[test]
+fn handoff_waits_are_not_contention() {
+    let worker = || PreemptorRecord {
+        pid: TID + 1,
+        tgid: 100,
+        comm: "worker".into(),
+        process_comm: Some("server".into()),
+        wait_ns: 300 * MS,
+        slices: 300,
+        ..Default::default()
+    };
+    let contended = verdict(&window(600, 300, vec![worker()]));
+    assert_eq!(contended.primary, Primary::Scheduling, "{contended:?}");
+    let mut rec = window(600, 300, vec![worker()]);
+    let c = &mut rec.threads[0].wait_classes;
+    *c = Default::default();
+    c.add(
+        crate::recording::waits::WaitKind::Handoff,
+        280 * MS,
+        280 * MS,
+    );
+    c.add(crate::recording::waits::WaitKind::Contention, 20 * MS, 0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::None, "{v:?}");
+    // With a hog beside them, the waits behind it are contention, and the hog, not the
+    // worker's handoffs, is the one named.
+    let mut rec = window(600, 400, vec![worker(), hog(100 * MS)]);
+    let c = &mut rec.threads[0].wait_classes;
+    *c = Default::default();
+    c.add(
+        crate::recording::waits::WaitKind::Handoff,
+        280 * MS,
+        280 * MS,
+    );
+    c.add(crate::recording::waits::WaitKind::Contention, 120 * MS, 0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    let named = v.causes[0].mechanism.to_string();
+    assert!(
+        named.contains("cpu-hog") && !named.contains("server"),
+        "{named}"
+    );
 }
 
 #[test]
