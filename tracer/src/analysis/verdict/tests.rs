@@ -824,6 +824,7 @@ fn without_requests_the_impediments_decide() {
 /// contention only when the kernel did not call it a handoff.
 #[test]
 fn handoff_waits_are_not_contention() {
+    use crate::recording::waits::WaitKind;
     let worker = || PreemptorRecord {
         pid: TID + 1,
         tgid: 100,
@@ -833,31 +834,21 @@ fn handoff_waits_are_not_contention() {
         slices: 300,
         ..Default::default()
     };
+    // The serving thread's waits: `handoff` ms of handoffs, `contention` ms behind others.
+    let split = |mut rec: Recording, handoff: u64, contention: u64| {
+        let c = &mut rec.threads[0].wait_classes;
+        *c = Default::default();
+        c.add(WaitKind::Handoff, handoff * MS, handoff * MS);
+        c.add(WaitKind::Contention, contention * MS, 0);
+        verdict(&rec)
+    };
     let contended = verdict(&window(600, 300, vec![worker()]));
     assert_eq!(contended.primary, Primary::Scheduling, "{contended:?}");
-    let mut rec = window(600, 300, vec![worker()]);
-    let c = &mut rec.threads[0].wait_classes;
-    *c = Default::default();
-    c.add(
-        crate::recording::waits::WaitKind::Handoff,
-        280 * MS,
-        280 * MS,
-    );
-    c.add(crate::recording::waits::WaitKind::Contention, 20 * MS, 0);
-    let v = verdict(&rec);
+    let v = split(window(600, 300, vec![worker()]), 280, 20);
     assert_eq!(v.primary, Primary::None, "{v:?}");
     // With a hog beside them, the waits behind it are contention, and the hog, not the
     // worker's handoffs, is the one named.
-    let mut rec = window(600, 400, vec![worker(), hog(100 * MS)]);
-    let c = &mut rec.threads[0].wait_classes;
-    *c = Default::default();
-    c.add(
-        crate::recording::waits::WaitKind::Handoff,
-        280 * MS,
-        280 * MS,
-    );
-    c.add(crate::recording::waits::WaitKind::Contention, 120 * MS, 0);
-    let v = verdict(&rec);
+    let v = split(window(600, 400, vec![worker(), hog(100 * MS)]), 280, 120);
     assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
     let named = v.causes[0].mechanism.to_string();
     assert!(
