@@ -745,6 +745,12 @@ fn a_signal_while_the_probes_load_ends_the_recording_cleanly() {
         // As soon as the tool catches the signal (before that, any process dies of it): its
         // handlers are taken first, so this is inside the probes' loading.
         let early = caught(&mut child, sig, &recording);
+        // SigCgt shows the handler a few microseconds before it takes signals: tokio's
+        // registry (signal-hook-registry) installs the handler, then publishes the action it
+        // runs, and a signal in between goes to the old disposition, which it does not run (a
+        // SIGTERM there was lost once in CI: the window ran its 30 s). The probes take ~0.2 s
+        // to load, so 5 ms later is still inside the loading.
+        std::thread::sleep(Duration::from_millis(5));
         let sent = Instant::now();
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
