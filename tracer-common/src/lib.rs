@@ -57,7 +57,7 @@ mod tests {
                 + 16
                 + 4
                 + 4
-                + 8 * 20
+                + 8 * 22
                 + 4 * 4
                 + 4 * RUNQ_HIST_SLOTS
                 + 4 * 4

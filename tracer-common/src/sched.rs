@@ -94,6 +94,10 @@ pub const FLAG_WOKEN: u32 = 512;
 /// woken (that thread's `FLAG_WOKEN` wait, `waker_tid` this one). If that thread blocks as
 /// this one gets the CPU back, the wait was a handoff (`WaitCode::Handoff`).
 pub const FLAG_HANDOFF: u32 = 1024;
+/// `ThreadStats::flags`, kernel side only: the task leaving the CPU as this thread gets it is
+/// its partner and blocks (`partner_since_ns` holds since when it ran); decided just before
+/// the switch is accounted, used at this thread's switch-in.
+pub const FLAG_PARTNER: u32 = 2048;
 
 /// Per-thread totals, aggregated in the kernel, keyed by TID.
 ///
@@ -136,6 +140,12 @@ pub struct ThreadStats {
     /// `cfs_rq_throttled_off`'s counter of the thread's group queue when its current wait
     /// began: what it grew by at the switch-in is the wait's throttled time.
     pub throttled_at_wait: u64,
+    /// With `FLAG_PARTNER`: since when the thread's partner, which blocked as this one got the
+    /// CPU, had run (its last slice): the handoff part of the wait is from then on.
+    pub partner_since_ns: u64,
+    /// When the thread's last slice on a CPU began, kept at its switch-out (which moves
+    /// `state_ts_ns` on) for the thread switching in after it (`partner_since_ns`).
+    pub slice_start_ns: u64,
     /// CPU whose run queue holds the thread while it is runnable.
     pub wait_cpu: u32,
     /// CPU the thread last ran on.
@@ -222,6 +232,8 @@ impl ThreadStats {
             runq_waits: 0,
             runq_wait_max_ns: 0,
             throttled_at_wait: 0,
+            partner_since_ns: 0,
+            slice_start_ns: 0,
             wait_cpu: u32::MAX,
             last_cpu: u32::MAX,
             parent_tid: 0,

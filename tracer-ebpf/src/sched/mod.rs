@@ -26,9 +26,10 @@ mod wakeup;
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_HANDOFF, FLAG_MOVED, FLAG_REPAIRED,
-    FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, FLAG_WOKEN, Preemptor, SWITCH_RUNNABLE_UNSURE,
-    THROTTLED_SHIFT, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode, hist_slot,
+    COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_HANDOFF, FLAG_MOVED, FLAG_PARTNER,
+    FLAG_REPAIRED, FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, FLAG_WOKEN, Preemptor,
+    SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode,
+    hist_slot,
 };
 
 use crate::maps::{Batch, CPU_WAIT, PREEMPTORS, config, count, sends_when_idle};
@@ -253,44 +254,45 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
             }
         }
     }
-    let next = if sw.next_target {
+    if let Some(t) = prev.as_deref_mut() {
+        switch_out(t, cpu, now, sw, &mut out);
+    }
+    let mut next = if sw.next_target {
         thread(sw.next_pid, sw.next_tgid, sw.next_comm)
     } else {
         None
     };
-    // Whether `prev` leaves the CPU to the thread it has just woken (a handoff, if that one
-    // keeps the CPU until `prev` gets it back: `linked`), and, for `next`'s own handoff
-    // test, whether `prev` blocks, who last woke it and since when it ran.
-    let to_wakee = match next.as_deref() {
-        Some(n) => {
-            n.flags & FLAG_WOKEN != 0
-                && n.state == ThreadState::Runnable as u32
-                && n.waker_tid == sw.prev_pid
+    // The two threads' handoff state, between the two accounts and kept in their entries,
+    // not carried in variables: a pointer or a flag live across the counter reads in
+    // `switch_out` or `switch_in` multiplies the states the verifier walks (with counters
+    // on, the program no longer loaded).
+    if let (Some(p), Some(n)) = (prev, next.as_deref_mut()) {
+        // `prev`, left runnable, gave the CPU to the thread it has just woken: a handoff if
+        // that one keeps it until `prev` gets it back.
+        if p.state == ThreadState::Runnable as u32
+            && n.flags & FLAG_WOKEN != 0
+            && n.state == ThreadState::Runnable as u32
+            && n.waker_tid == sw.prev_pid
+        {
+            p.flags |= FLAG_HANDOFF;
         }
-        None => false,
-    };
-    // Who last woke `prev`, and since when it has run (its slice).
-    let (prev_waker, prev_since) = match prev.as_deref() {
-        Some(t) => (t.waker_tid, t.state_ts_ns),
-        None => (NO_TASK, now),
-    };
-    let prev_blocks = match prev {
-        Some(t) => switch_out(t, cpu, now, sw, to_wakee, &mut out),
-        None => false,
-    };
+        // `prev` blocks as `next`'s partner: the part of `next`'s wait since `prev` began its
+        // slice is a handoff. Where the tracepoint does not say whether `prev` blocked (tp_btf
+        // before Linux 5.18), no wait is one.
+        if !sw.preempt
+            && sw.prev_state != 0
+            && sw.prev_state != STATE_UNKNOWN
+            && linked(n, sw.prev_pid, p.waker_tid)
+        {
+            n.flags |= FLAG_PARTNER;
+            n.partner_since_ns = p.slice_start_ns;
+        }
+    }
     if let Some(t) = next {
-        let since = if prev_blocks && linked(t, sw.prev_pid, prev_waker) {
-            prev_since
-        } else {
-            now
-        };
-        switch_in(t, cpu, now, sw, since, &mut out);
+        switch_in(t, cpu, now, sw, &mut out);
     }
     out.age(sw.next_pid == 0 && sends_when_idle(cpu));
 }
-
-/// Not a task ID: a `prev_waker` when `prev` is not a target thread.
-const NO_TASK: u32 = u32::MAX;
 
 /// Whether `prev` (TID `prev_pid`, woken last by `prev_waker`), blocking as `t` gets the CPU,
 /// is the thread `t` exchanges work with: `t` had woken it and was preempted by it
@@ -305,25 +307,18 @@ fn linked(t: &ThreadStats, prev_pid: u32, prev_waker: u32) -> bool {
         || (t.flags & FLAG_WOKEN != 0 && t.waker_tid == prev_pid)
 }
 
-/// `t` leaves the CPU; `to_wakee`: to the thread it has just woken. Returns whether it
-/// blocked (or exited) rather than stayed runnable.
 #[inline(always)]
-fn switch_out(
-    t: &mut ThreadStats,
-    cpu: u32,
-    now: u64,
-    sw: &Switch,
-    to_wakee: bool,
-    out: &mut Batch,
-) -> bool {
+fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
+    t.slice_start_ns = t.state_ts_ns;
+    // A wait that begins here began with no wakeup (nor handoff, until `on_switch` says).
+    t.flags &= !(FLAG_WOKEN | FLAG_HANDOFF);
     let mut slice = leave(t, now, ThreadState::Running);
     if t.flags & FLAG_REPAIRED != 0 {
         slice = settle_repaired(t, sw.prev_task, slice);
     }
     crate::counters::slice_end(sw.prev_pid, cpu, now, out);
     t.last_cpu = cpu;
-    // A wait that begins here began with no wakeup; one repaired or cut short left its flags.
-    t.flags &= !(FLAG_MOVED | FLAG_WOKEN | FLAG_HANDOFF);
+    t.flags &= !FLAG_MOVED;
     let involuntary = if sw.preempt {
         true
     } else if sw.prev_state == STATE_UNKNOWN {
@@ -338,9 +333,6 @@ fn switch_out(
         }
         enter(t, ThreadState::Runnable, now);
         t.wait_cpu = cpu;
-        if to_wakee {
-            t.flags |= FLAG_HANDOFF;
-        }
         note_throttle_base(t, sw.prev_task);
         waiter_add(cpu, now);
     } else {
@@ -365,18 +357,10 @@ fn switch_out(
             slice,
         ));
     }
-    !involuntary
 }
 
 #[inline(always)]
-fn switch_in(
-    t: &mut ThreadStats,
-    cpu: u32,
-    now: u64,
-    sw: &Switch,
-    partner_since: u64,
-    out: &mut Batch,
-) {
+fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     t.flags &= !FLAG_RUNNABLE_UNSURE;
     let counts = counts_of(sw.next_task);
     if let Some(c) = counts.as_ref()
@@ -435,7 +419,11 @@ fn switch_in(
     } else {
         0
     };
-    let handoff = now.saturating_sub(partner_since).min(waited);
+    let handoff = if t.flags & FLAG_PARTNER != 0 {
+        now.saturating_sub(t.partner_since_ns).min(waited)
+    } else {
+        0
+    };
     let kind = wait_kind_bits(t, sw, waited, handoff);
     let mut ev = event(
         now,
@@ -479,6 +467,6 @@ fn wait_kind_bits(t: &mut ThreadStats, sw: &Switch, waited: u64, handoff: u64) -
     } else {
         WaitCode::Contention
     };
-    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE | FLAG_HANDOFF | FLAG_WOKEN);
+    t.flags &= !(FLAG_MOVED | FLAG_THROTTLE_BASE | FLAG_HANDOFF | FLAG_WOKEN | FLAG_PARTNER);
     (code as u32) << WAIT_CODE_SHIFT | share << THROTTLED_SHIFT
 }
