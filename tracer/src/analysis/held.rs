@@ -135,9 +135,9 @@ impl<'a> Held<'a> {
             .map_or(0, |v| spans_overlap(v, s, e))
     }
 
-    /// Who ended the blocked interval `i` of `tid`, when its wakeup was seen.
     /// Who ended a blocked interval `i` of `tid`; for a handoff (a run-queue wait behind the
-    /// thread `tid` had just woken), that thread, as if it had woken `tid`.
+    /// thread `tid` exchanges work with), that thread, as if it had woken `tid`. None when
+    /// the wakeup was not seen.
     pub fn woken_by(&self, tid: u32, i: &Interval) -> Option<WakerRef> {
         if let Some((WaitKind::Handoff, by)) = i.wait {
             let w = Woken {

@@ -174,7 +174,7 @@ pub(super) fn decompose<'a>(
         let waker = held.woken_by(r.tid, i);
         // A handoff's blocked part is its partner's running, the work handed over: nothing
         // further to follow.
-        let piece_holders = if i.state == State::Runnable {
+        let piece_holders = if i.wait.map(|w| w.0) == Some(WaitKind::Handoff) {
             Vec::new()
         } else {
             handoff::follow(&mut q, lock, waker.as_ref(), (r.tid, is, ie), other, ctx2)
