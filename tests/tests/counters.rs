@@ -39,20 +39,6 @@ fn perf_per_thread(csv: &str, name: &str) -> std::collections::BTreeMap<u32, u64
     out
 }
 
-/// How many perf events process `pid` holds open.
-fn perf_events_open(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[perf_event]")
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     let _guard = serial();
@@ -77,7 +63,24 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     let steal_before = steal_ns();
     // perf stat's own per-thread counters: an independent count of the same switches, and
     // an independent clock of the same slices (task-clock is timed at the context switch
-    // itself, perf_event_task_sched_in/out).
+    // itself, perf_event_task_sched_in/out). Started disabled and enabled through its control
+    // FIFO, whose acknowledgement says the counters run: perf enables them a moment after it
+    // opens them, and a worker set going in between (its open files were all this test used
+    // to wait for) ran 140 us that perf did not count, once in a CI run.
+    let dir = std::env::temp_dir().join(format!("tracer-counters-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("fifo dir");
+    let (ctl, ack) = (dir.join("ctl"), dir.join("ack"));
+    for f in [&ctl, &ack] {
+        let c = std::ffi::CString::new(f.to_string_lossy().as_bytes()).expect("path");
+        // SAFETY: a valid C string; mkfifo reads it only.
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+            0,
+            "mkfifo {f:?}"
+        );
+    }
+    let control = format!("fifo:{},{}", ctl.display(), ack.display());
     let perf = Command::new("perf")
         .args([
             "stat",
@@ -85,23 +88,34 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
             "--per-thread",
             "-e",
             "context-switches,cpu-migrations,task-clock",
+            "--delay",
+            "-1",
+            "--control",
+            &control,
             "-p",
             &pid,
         ])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("perf (linux-perf; cargo xtask setup installs it)");
-    // Started when its counters are open, three per thread: perf needs a while to start on a
-    // loaded machine, and a SIGINT before that ended it with nothing printed (once in 8 runs).
-    let wanted = 3 * before.len();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while perf_events_open(perf.id()) < wanted {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "perf stat never opened its counters"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // perf opens the control FIFO read-write, then the acknowledgement FIFO for writing, which
+    // waits for a reader; a command waits in the FIFO until perf has opened its counters. On a
+    // thread, so that a perf that never answers fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut answer = [0u8; 4];
+        let got = std::fs::File::open(&ack).and_then(|mut f| {
+            std::fs::write(&ctl, "enable\n")?;
+            f.read_exact(&mut answer)
+        });
+        let _ = tx.send(got.map(|()| answer));
+    });
+    let answer = rx.recv_timeout(Duration::from_secs(20));
+    assert!(
+        matches!(answer, Ok(Ok(ref a)) if a == b"ack\n"),
+        "perf stat never enabled its counters: {answer:?}"
+    );
     load.send("go");
     load.expect("done");
     load.settle();
@@ -111,6 +125,7 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
     unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
     let perf_out = perf.wait_with_output().expect("perf stat");
     let perf_csv = String::from_utf8_lossy(&perf_out.stderr).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
     tracer.signal(libc::SIGINT);
     let out = tracer.finish(Duration::from_secs(20));
     assert!(out.status.success(), "{}", out.stderr);
