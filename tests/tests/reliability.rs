@@ -276,38 +276,13 @@ fn tracer_programs() -> usize {
 fn a_target_churning_a_thousand_threads_a_second_is_followed() {
     let _guard = serial();
     require_root();
-    // 1,000 short-lived threads a second for 3 s, each doing a little work and sleeping once,
-    // begun once the tracer records (a line on stdin): the threads made while it loaded (a
-    // third of a second in a debug build, 10 % of them) were outside any count it could give.
-    let script = "import sys, threading, time\n\
-                  sys.stdin.readline()\n\
-                  def w():\n    sum(range(2000)); time.sleep(0.0005)\n\
-                  end = time.time() + 3\n\
-                  n = 0\n\
-                  while time.time() < end:\n\
-                  \x20   t = threading.Thread(target=w); t.start(); t.join(); n += 1\n\
-                  \x20   time.sleep(max(0, 0.001 - 0.0007))\n\
-                  print(n)\n";
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
-    let tracer = Tracer::start(&["attach", "--pid", &pid, "--duration", "30s", "--json"]);
-    {
-        use std::io::Write as _;
-        let mut go = child.stdin.take().unwrap();
-        go.write_all(b"go\n").unwrap();
-    }
-    let made: u64 = String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
-        .trim()
-        .parse()
-        .unwrap();
-    let out = tracer.finish(Duration::from_secs(40));
-    assert!(out.status.success(), "{}", out.stderr);
-    let doc = out.json();
+    // 1,000 short-lived threads a second for 3 s, each doing a little work and sleeping once.
+    let (made, doc) = churn(
+        "sum(range(2000)); time.sleep(0.0005)",
+        "time.time() < end",
+        0.001,
+        &[],
+    );
     let threads = doc["threads"].as_array().unwrap().len() as u64;
     assert!(made >= 1000, "the target made only {made} threads");
     // Every thread: the ones it made, and its main thread (and any the interpreter keeps).
@@ -317,6 +292,71 @@ fn a_target_churning_a_thousand_threads_a_second_is_followed() {
     );
     assert_eq!(doc["losses"]["thread_map_full"], 0);
     assert_eq!(tracer_programs(), 0, "programs left attached");
+}
+
+#[test]
+fn ended_threads_give_their_room_back_while_the_recording_runs() {
+    let _guard = serial();
+    require_root();
+    // The slots (4,096) and a thread map cut to 2,048 hold 6,144 threads: 12,000 made at most
+    // 2,000 a second fit only if the entries of those that ended are taken out as it runs.
+    // The maps are scanned for them only after the records said threads ended (a scan costs
+    // an idle watch a fifth of its CPU time): a scan skipped when it was due fills the map.
+    let (made, doc) = churn(
+        "pass",
+        "n < 12000",
+        0.0005,
+        &[("TRACER_TEST_MAX_THREADS", "2048")],
+    );
+    assert_eq!(made, 12_000);
+    assert_eq!(doc["losses"]["thread_map_full"], 0, "{}", doc["losses"]);
+    let threads = doc["threads"].as_array().unwrap().len() as u64;
+    assert!(
+        threads > made && threads <= made + 2,
+        "{threads} threads in the summary, {made} made"
+    );
+}
+
+/// A Python target that starts and joins threads running `work` while `more` holds (`end`
+/// is 3 s after the start, `n` the threads made), one every `slot` seconds at most, begun
+/// once the tracer records (a line on stdin: the threads made while it loaded, a third of a
+/// second in a debug build, were outside any count it could give). Returns how many it made
+/// and the tracer's summary.
+fn churn(work: &str, more: &str, slot: f64, env: &[(&str, &str)]) -> (u64, serde_json::Value) {
+    let script = format!(
+        "import sys, threading, time\n\
+         sys.stdin.readline()\n\
+         def w():\n    {work}\n\
+         end = time.time() + 3\n\
+         n = 0\n\
+         while {more}:\n\
+         \x20   t0 = time.time(); t = threading.Thread(target=w); t.start(); t.join(); n += 1\n\
+         \x20   time.sleep(max(0, {slot} - (time.time() - t0)))\n\
+         print(n)\n"
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let tracer = Tracer::start_with_env(
+        &["attach", "--pid", &pid, "--duration", "60s", "--json"],
+        env,
+    );
+    {
+        use std::io::Write as _;
+        let mut go = child.stdin.take().unwrap();
+        go.write_all(b"go\n").unwrap();
+    }
+    let made: u64 = String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let out = tracer.finish(Duration::from_secs(70));
+    assert!(out.status.success(), "{}", out.stderr);
+    (made, out.json())
 }
 
 #[test]

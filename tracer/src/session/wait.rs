@@ -211,6 +211,11 @@ fn take(
 }
 
 fn progress(bar: &ProgressBar, opts: &SessionOptions, records: u64, probes: &SchedProbes) {
+    // Nothing drawn (not a terminal, `--quiet`, a watch): the losses are a system call per
+    // CPU's map entry, at every tick of a watch that runs for days.
+    if bar.is_hidden() {
+        return;
+    }
     if let Some(d) = opts.duration {
         bar.set_position(bar.elapsed().as_millis().min(d.as_millis()) as u64);
     } else {

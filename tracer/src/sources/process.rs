@@ -306,9 +306,9 @@ impl Target {
         (out, more)
     }
 
-    /// The processes descended from it now, by the kernel's PIDs, as /proc shows them.
-    pub fn children(&self) -> Vec<ChildSnapshot> {
-        descendants(self.proc_pid)
+    /// The processes descended from it now (in `table`), by the kernel's PIDs.
+    pub fn children(&self, table: &ProcTable) -> Vec<ChildSnapshot> {
+        descendants_in(table, self.proc_pid)
             .into_iter()
             .filter_map(|(pid, parent, comm, cpu_ns)| {
                 Some(ChildSnapshot {
@@ -392,19 +392,35 @@ pub fn started_ns(pid: u32) -> Option<u64> {
     Some(boot_ns.saturating_sub(suspended))
 }
 
+/// Every process of the host (by this tool's /proc) with its parent, name and CPU time so far:
+/// one pass over /proc, a file per process, so taken once for all the members' descendants.
+pub struct ProcTable(BTreeMap<u32, (u32, String, u64)>);
+
+impl ProcTable {
+    pub fn read() -> Self {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Self(BTreeMap::new());
+        };
+        Self(
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|p| Some((p, process_stat(p)?)))
+                .collect(),
+        )
+    }
+}
+
 /// Every process whose parent chain leads to `pid`, with its parent, name and CPU time so far:
 /// one pass over /proc.
 pub fn descendants(pid: u32) -> Vec<(u32, u32, String, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    let all: BTreeMap<u32, (u32, String, u64)> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| Some((p, process_stat(p)?)))
-        .collect();
+    descendants_in(&ProcTable::read(), pid)
+}
+
+/// `descendants` from a table already read.
+pub fn descendants_in(table: &ProcTable, pid: u32) -> Vec<(u32, u32, String, u64)> {
+    let all = &table.0;
     let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (&p, (ppid, _, _)) in &all {
+    for (&p, (ppid, _, _)) in all {
         kids.entry(*ppid).or_default().push(p);
     }
     let mut out = Vec::new();

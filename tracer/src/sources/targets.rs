@@ -231,8 +231,9 @@ impl Targets {
     /// for a process forked since the set was listed).
     pub fn children(&self) -> Vec<ChildSnapshot> {
         let mut out: Vec<ChildSnapshot> = Vec::new();
+        let table = super::process::ProcTable::read();
         for m in &self.members {
-            for c in m.children() {
+            for c in m.children(&table) {
                 if !self.members.iter().any(|x| x.pid == c.pid)
                     && !out.iter().any(|o| o.pid == c.pid)
                 {

@@ -20,21 +20,39 @@ use crate::recording::Capability;
 /// The first mapped library of `pid` whose file name starts with `prefix`, as a path this
 /// process can open, and as the target sees it.
 pub(super) fn find_library(pid: u32, prefix: &str) -> Option<(PathBuf, String)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|path| {
-            Path::new(path)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .map(|path| {
-            (
-                PathBuf::from(format!("/proc/{pid}/root{path}")),
-                path.to_string(),
-            )
-        })
+    let [found] = find_libraries(pid, [prefix]);
+    found
+}
+
+/// `find_library` for several prefixes from one reading of the maps, which a large server's
+/// are (a PyTorch process maps thousands of files) and which are polled every second.
+fn find_libraries<const N: usize>(pid: u32, prefixes: [&str; N]) -> [Option<(PathBuf, String)>; N] {
+    let mut found = [const { None }; N];
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return found;
+    };
+    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+        let Some(name) = Path::new(path).file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        for (prefix, slot) in prefixes.iter().zip(found.iter_mut()) {
+            if slot.is_none() && name.starts_with(prefix) {
+                *slot = Some((
+                    PathBuf::from(format!("/proc/{pid}/root{path}")),
+                    path.to_string(),
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The size of the libraries' code `pid` maps (`VmLib`, kB: its executable file mappings but
+/// the program's own), which mapping a library raises.
+fn mapped_code_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmLib:"))?;
+    line.split_whitespace().next()?.parse().ok()
 }
 
 /// The libcuda.so mapped by `pid` (opened path, path as the target sees it).
@@ -91,6 +109,9 @@ pub struct CudaProbes {
     seen: Vec<String>,
     /// Members whose libcuda is probed: their maps need no more reading.
     done: std::collections::BTreeSet<u32>,
+    /// Each member's executable file mappings (kB) when its maps were last read: they are
+    /// read again only when that changed, as a library mapped since changes it.
+    code_kb: std::collections::BTreeMap<u32, u64>,
     /// Why the probes cover what they cover, beyond the files listed.
     note: String,
 }
@@ -166,8 +187,16 @@ impl CudaProbes {
             if self.done.contains(&pid) {
                 continue;
             }
-            let runtime = find_library(pid, "libcudart.so");
-            let driver = find_libcuda(pid);
+            // Polled every second, and a large server's maps are thousands of lines, read
+            // under its memory map's lock; /proc/PID/status is a few counters.
+            let code = mapped_code_kb(pid);
+            if code.is_some() && self.code_kb.get(&pid) == code.as_ref() {
+                continue;
+            }
+            if let Some(kb) = code {
+                self.code_kb.insert(pid, kb);
+            }
+            let [runtime, driver] = find_libraries(pid, ["libcudart.so", "libcuda.so"]);
             let mapped_driver = driver.is_some();
             for (lib, is_runtime) in [(runtime, true), (driver, false)] {
                 let Some((path, shown)) = lib else { continue };
@@ -269,5 +298,45 @@ fn members_named(pids: &[u32]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_reading_of_the_maps_finds_each_library_and_the_code_size_moves_with_a_mapping() {
+        let me = std::process::id();
+        let [libc, none] = find_libraries(me, ["libc.so", "libnot-mapped-anywhere"]);
+        let (opened, shown) = libc.expect("the test binary maps libc");
+        assert!(shown.contains("libc.so") && opened.starts_with(format!("/proc/{me}/root")));
+        assert_eq!(none, None);
+        assert_eq!(find_library(me, "libc.so").map(|l| l.1), Some(shown));
+        // An executable mapping of a file, as the dynamic linker makes for a library, raises
+        // VmLib: the gate that keeps the maps from being read every second.
+        let before = mapped_code_kb(me).expect("VmLib");
+        let file = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+        let len = 4 << 20;
+        // SAFETY: a fresh private read-only mapping of a file this process opened, unmapped
+        // below; nothing reads it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let after = mapped_code_kb(me).expect("VmLib");
+        // SAFETY: the mapping made above, of that length.
+        unsafe { libc::munmap(p, len) };
+        assert!(
+            after >= before + 4096 - 64,
+            "VmLib {before} kB -> {after} kB"
+        );
     }
 }

@@ -142,6 +142,8 @@ impl SchedProbes {
             slots,
             debug_log,
             reaps: 0,
+            ended_unreaped: 0,
+            dropped_at_reap: 0,
             follow_cgroups: false,
             cgroup_offsets: mode == ProbeMode::TpBtf && config.cgroup_kn_off != 0,
             switch_program,

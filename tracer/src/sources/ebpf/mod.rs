@@ -148,6 +148,11 @@ pub struct SchedProbes {
     debug_log: Option<debug_log::Logger>,
     /// Calls of `reap_dead` so far.
     reaps: u64,
+    /// Threads the drained records said ended (exits, and exec's replaced threads) that no
+    /// scan has found dead yet: the slots are scanned only while there are some.
+    ended_unreaped: u64,
+    /// `Counter::RingbufDropped` at the last scan.
+    dropped_at_reap: u64,
     /// `--cgroup`: the cgroup-attach program is attached with the others (tp_btf, where the
     /// kernel's BTF gave the cgroup offsets).
     follow_cgroups: bool,
@@ -438,6 +443,9 @@ impl SchedProbes {
         {
             // One ring record carries all the records of one program run (tracer-ebpf `Batch`).
             for rec in split(&item) {
+                if let Record::Event(e) = &rec {
+                    self.ended_unreaped += u64::from(ends_a_thread(e));
+                }
                 f(rec);
                 n += 1;
             }
@@ -451,6 +459,17 @@ impl SchedProbes {
             .programs()
             .filter_map(|(name, p)| Some((name.to_string(), p.info().ok()?.id())))
             .collect()
+    }
+}
+
+/// Whether the record says a traced thread ended, its entry marked dead: its exit, or an exec
+/// by another thread than the main one, which takes the main thread's TID (`on_exec`).
+fn ends_a_thread(e: &tracer_common::Event) -> bool {
+    use tracer_common::EventKind;
+    match e.event_kind() {
+        Ok(EventKind::ThreadExit) => true,
+        Ok(EventKind::Exec) => e.aux != e.tid,
+        _ => false,
     }
 }
 
