@@ -98,9 +98,10 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("perf (linux-perf; cargo xtask setup installs it)");
-    // perf opens the control FIFO read-write, then the acknowledgement FIFO for writing, which
-    // waits for a reader; a command waits in the FIFO until perf has opened its counters. On a
-    // thread, so that a perf that never answers fails the test instead of hanging it.
+    // perf opens both FIFOs read-write, so these opens return once perf has them; the command
+    // waits in the FIFO until perf has opened its counters, and the acknowledgement follows
+    // their enabling. On a thread, so that a perf that never answers fails the test instead
+    // of hanging it.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::Read;
@@ -112,10 +113,12 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         let _ = tx.send(got.map(|()| answer));
     });
     let answer = rx.recv_timeout(Duration::from_secs(20));
-    assert!(
-        matches!(answer, Ok(Ok(ref a)) if a == b"ack\n"),
-        "perf stat never enabled its counters: {answer:?}"
-    );
+    if !matches!(answer, Ok(Ok(ref a)) if a == b"ack\n") {
+        let mut perf = perf;
+        let _ = perf.kill();
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("perf stat never enabled its counters: {answer:?}");
+    }
     load.send("go");
     load.expect("done");
     load.settle();

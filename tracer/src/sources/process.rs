@@ -394,19 +394,26 @@ pub fn started_ns(pid: u32) -> Option<u64> {
 
 /// Every process of the host (by this tool's /proc) with its parent, name and CPU time so far:
 /// one pass over /proc, a file per process, so taken once for all the members' descendants.
-pub struct ProcTable(BTreeMap<u32, (u32, String, u64)>);
+pub struct ProcTable {
+    all: BTreeMap<u32, (u32, String, u64)>,
+    kids: BTreeMap<u32, Vec<u32>>,
+}
 
 impl ProcTable {
     pub fn read() -> Self {
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return Self(BTreeMap::new());
-        };
-        Self(
-            dir.flatten()
+        let all: BTreeMap<u32, (u32, String, u64)> = match std::fs::read_dir("/proc") {
+            Ok(dir) => dir
+                .flatten()
                 .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
                 .filter_map(|p| Some((p, process_stat(p)?)))
                 .collect(),
-        )
+            Err(_) => BTreeMap::new(),
+        };
+        let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (&p, (ppid, _, _)) in &all {
+            kids.entry(*ppid).or_default().push(p);
+        }
+        Self { all, kids }
     }
 }
 
@@ -418,11 +425,7 @@ pub fn descendants(pid: u32) -> Vec<(u32, u32, String, u64)> {
 
 /// `descendants` from a table already read.
 pub fn descendants_in(table: &ProcTable, pid: u32) -> Vec<(u32, u32, String, u64)> {
-    let all = &table.0;
-    let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (&p, (ppid, _, _)) in all {
-        kids.entry(*ppid).or_default().push(p);
-    }
+    let (all, kids) = (&table.all, &table.kids);
     let mut out = Vec::new();
     let mut todo = vec![pid];
     let mut seen = std::collections::BTreeSet::from([pid]);
@@ -439,7 +442,6 @@ pub fn descendants_in(table: &ProcTable, pid: u32) -> Vec<(u32, u32, String, u64
     out
 }
 
-/// This process's CPU time (user + system, every thread) and peak resident set, in bytes.
 /// This process's resident memory now (/proc/self/statm), bytes.
 pub fn own_rss() -> u64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
@@ -450,6 +452,7 @@ pub fn own_rss() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
 }
 
+/// This process's CPU time (user + system, every thread) and peak resident set, in bytes.
 pub fn own_usage() -> (u64, u64) {
     // SAFETY: getrusage fills the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

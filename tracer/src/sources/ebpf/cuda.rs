@@ -47,8 +47,8 @@ fn find_libraries<const N: usize>(pid: u32, prefixes: [&str; N]) -> [Option<(Pat
     found
 }
 
-/// The size of the libraries' code `pid` maps (`VmLib`, kB: its executable file mappings but
-/// the program's own), which mapping a library raises.
+/// The size of `pid`'s executable mappings but its program's text (`VmLib`, kB: the libraries'
+/// code, and any JIT code), which mapping a library raises.
 fn mapped_code_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("VmLib:"))?;
@@ -109,8 +109,9 @@ pub struct CudaProbes {
     seen: Vec<String>,
     /// Members whose libcuda is probed: their maps need no more reading.
     done: std::collections::BTreeSet<u32>,
-    /// Each member's executable file mappings (kB) when its maps were last read: they are
-    /// read again only when that changed, as a library mapped since changes it.
+    /// Each member's executable mappings but its program's (`VmLib`, kB) when its maps were
+    /// last read: they are read again only when that changed, as a library mapped since
+    /// changes it (and so does JIT code, which only costs a reading).
     code_kb: std::collections::BTreeMap<u32, u64>,
     /// Why the probes cover what they cover, beyond the files listed.
     note: String,
@@ -183,6 +184,9 @@ impl CudaProbes {
     /// added, in words.
     pub fn add_mapped(&mut self, ebpf: &mut Ebpf, pids: &[u32]) -> Result<Vec<String>> {
         let mut added = Vec::new();
+        // Only the PIDs polled now: a watch of a server that forks for days would keep every
+        // child's, and a PID reused would start from another process's.
+        self.code_kb.retain(|pid, _| pids.contains(pid));
         for &pid in pids {
             if self.done.contains(&pid) {
                 continue;

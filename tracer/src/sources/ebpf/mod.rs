@@ -148,8 +148,8 @@ pub struct SchedProbes {
     debug_log: Option<debug_log::Logger>,
     /// Calls of `reap_dead` so far.
     reaps: u64,
-    /// Threads the drained records said ended (exits, and exec's replaced threads) that no
-    /// scan has found dead yet: the slots are scanned only while there are some.
+    /// Threads the drained records said ended that no scan has found dead yet: the slots are
+    /// scanned only while there are some.
     ended_unreaped: u64,
     /// `Counter::RingbufDropped` at the last scan.
     dropped_at_reap: u64,
@@ -462,15 +462,12 @@ impl SchedProbes {
     }
 }
 
-/// Whether the record says a traced thread ended, its entry marked dead: its exit, or an exec
-/// by another thread than the main one, which takes the main thread's TID (`on_exec`).
+/// Whether the record says a traced thread ended, its entry to be marked dead at its last
+/// switch-out. An exec by another thread than the main one ends the exec'ing thread's entry,
+/// not the main thread's, which it takes over (`on_exec`), but the main thread's exit was
+/// recorded first: that exit stands for it, and the `Exec` record counts nothing.
 fn ends_a_thread(e: &tracer_common::Event) -> bool {
-    use tracer_common::EventKind;
-    match e.event_kind() {
-        Ok(EventKind::ThreadExit) => true,
-        Ok(EventKind::Exec) => e.aux != e.tid,
-        _ => false,
-    }
+    matches!(e.event_kind(), Ok(tracer_common::EventKind::ThreadExit))
 }
 
 impl Drop for SchedProbes {

@@ -54,7 +54,14 @@ impl SchedProbes {
             let _ = map.remove(&t.tid);
         }
         dead.extend(dead_hashed);
-        self.ended_unreaped = self.ended_unreaped.saturating_sub(dead.len() as u64);
+        // A scan that found none clears the count: an exit counted that leaves no dead entry
+        // (a TID reused at once, the main thread's exit in an exec that keeps its entry)
+        // would otherwise keep the scans going every second for the rest of the run. A thread
+        // still on its way out is found by the next exit's scan, or 10 s later.
+        self.ended_unreaped = match dead.len() {
+            0 => 0,
+            n => self.ended_unreaped.saturating_sub(n as u64),
+        };
         let mut counters = self.counters_map()?;
         let dead_counters: Vec<(u32, ThreadCounters)> = dead
             .iter()
