@@ -50,9 +50,11 @@ fn find_libraries<const N: usize>(pid: u32, prefixes: [&str; N]) -> [Option<(Pat
 /// The size of `pid`'s executable mappings but its program's text (`VmLib`, kB: the libraries'
 /// code, and any JIT code), which mapping a library raises.
 fn mapped_code_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find_map(|l| l.strip_prefix("VmLib:"))?;
-    line.split_whitespace().next()?.parse().ok()
+    procfs::process::Process::new(pid as i32)
+        .ok()?
+        .status()
+        .ok()?
+        .vmlib
 }
 
 /// The libcuda.so mapped by `pid` (opened path, path as the target sees it).

@@ -35,7 +35,9 @@ impl SchedProbes {
         if self.reaps % 10 != 1 {
             return Ok(Reaped::default());
         }
-        let dropped = self.ringbuf_dropped();
+        let dropped = self
+            .counter(tracer_common::Counter::RingbufDropped as u32)
+            .unwrap_or(0);
         let scan =
             self.ended_unreaped > 0 || dropped != self.dropped_at_reap || self.reaps % 100 == 1;
         if !scan {
@@ -203,22 +205,18 @@ impl SchedProbes {
         Ok(map.iter().filter_map(|r| r.ok()).collect())
     }
 
-    /// Records the full ring buffer dropped so far (one system call; `losses` reads all).
-    fn ringbuf_dropped(&self) -> u64 {
-        let Some(map) = self.ebpf.map("COUNTERS") else {
-            return 0;
-        };
-        PerCpuArray::<_, u64>::try_from(map)
-            .and_then(|m| m.get(&(tracer_common::Counter::RingbufDropped as u32), 0))
-            .map_or(0, |v| v.iter().sum())
+    /// The programs' count in `slot` of `COUNTERS` (a `Counter`), summed over the CPUs: one
+    /// system call.
+    fn counter(&self, slot: u32) -> Result<u64> {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        Ok(map.get(&slot, 0)?.iter().sum())
     }
 
     pub fn losses(&self) -> Result<Losses> {
-        let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
         let mut sums = [0u64; COUNTER_SLOTS as usize];
         for (i, sum) in sums.iter_mut().enumerate() {
-            *sum = map.get(&(i as u32), 0)?.iter().sum();
+            *sum = self.counter(i as u32)?;
         }
         Ok(Losses {
             ringbuf_dropped: sums[0],
