@@ -196,17 +196,36 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         // descheduled between the tracepoint and perf's read puts the stolen time in one slice
         // and not the other (a CI run: 1.5 ms apart on 48 ms while the host stole up to half
         // a CPU), counted by /proc/stat in 10 ms ticks, so one more tick when any was seen.
+        //
+        // That stretch of the switch (from the tracepoint, through the BPF programs, to perf's
+        // sched_out of the one and sched_in of the other) is the previous thread's for perf and
+        // the next one's for the scheduler, and now and then it lasts a few hundred us on this
+        // VM, too little steal for /proc/stat to show: on the main thread (3 switches, 0.1-0.5
+        // ms) perf's task-clock and schedstat were more than 50 us apart in 1 run of 40 without
+        // the tracer, 2 with it, 5 with it reading these counters, either way, up to 250 us
+        // (a CI run failed on 301 us against perf's 144). The tracer, timed at the tracepoint
+        // like the scheduler, agreed with schedstat then (451 vs 452, 302 vs 304, 126 vs 143
+        // us). So each figure the tracer times at the tracepoint must lie between the two
+        // independent references, give or take the allowance: schedstat alone is no
+        // reference, as below, but where it and perf part, the truth is between them.
         let oncpu = u(&t["oncpu_ns"]);
         let perf_clock = task_clock[tid];
+        let sched = d.oncpu_ns;
+        let (lo, hi) = (perf_clock.min(sched), perf_clock.max(sched));
+        let between = |x: u64, slack: u64| x + slack >= lo && x <= hi + slack;
         let path = 3_000 * kernel + stolen + if stolen > 0 { 10_000_000 } else { 0 };
         assert!(
-            oncpu.abs_diff(perf_clock) <= perf_clock / 100 + 100_000 + path,
-            "tid {tid}: on-CPU {oncpu} vs perf task-clock {perf_clock}"
+            between(oncpu, perf_clock / 100 + 100_000 + path),
+            "tid {tid}: on-CPU {oncpu} vs perf task-clock {perf_clock} and schedstat {sched} \
+             ({kernel} switches, {stolen} ns stolen; the tracer's thread {t}; losses {}; perf \
+             stat:\n{perf_csv})",
+            doc["losses"]
         );
         // cpu-clock over the slices against both: within 2 % + 1 ms of the on-CPU time (two
         // clocks, read at slightly different points of the switch), 0.5 % + 50 us + the
         // switch path of task-clock (measured: 0.02-0.19 % apart on every worker, 8 rounds,
-        // up to 0.8 % when the host steals time). A slice whose switch-in went untraced has no
+        // up to 0.8 % when the host steals time; and between task-clock and schedstat, as
+        // above: it is read at the tracepoint). A slice whose switch-in went untraced has no
         // counters (counted < kernel above): then only never more than they.
         let clock = u(&c["cpu_clock_ns"]);
         let complete = counted == kernel;
@@ -215,11 +234,11 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
                 && (!complete || clock + oncpu / 50 + 1_000_000 >= oncpu),
             "tid {tid}: cpu-clock {clock} vs on-CPU {oncpu} (every slice counted: {complete})"
         );
+        let slack = perf_clock / 200 + 50_000 + path;
         assert!(
-            clock <= perf_clock + perf_clock / 200 + 50_000 + path
-                && (!complete || clock + perf_clock / 200 + 50_000 + path >= perf_clock),
-            "tid {tid}: cpu-clock {clock} vs perf task-clock {perf_clock} (every slice counted: \
-             {complete})"
+            clock <= hi + slack && (!complete || between(clock, slack)),
+            "tid {tid}: cpu-clock {clock} vs perf task-clock {perf_clock} and schedstat {sched} \
+             (every slice counted: {complete})"
         );
         // schedstat is not that reference: its on-CPU time runs from the run-queue clock at
         // the pick to the clock at the next put, and that clock is not updated at a switch a
@@ -231,7 +250,6 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         // this VM either way (the run-queue clock leaves it out, the counter's clock does not:
         // 5 % below, with 10 ms stolen, once), plus one 10 ms tick of /proc/stat's steal
         // count (6 % below with "0 ns" stolen, once).
-        let sched = d.oncpu_ns;
         assert!(
             sched + clock / 100 + 1_000_000 + stolen + 10_000_000 >= clock
                 && sched <= clock + clock / 10 + 1_000_000 + stolen,
