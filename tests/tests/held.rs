@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use tracer_tests::{Kill, attach_json, ensure_tracefs, require_root, serial};
+use tracer_tests::{Kill, attach_json, ensure_tracefs, require_root, serial, thread_json, u};
 
 fn python() -> Option<&'static str> {
     std::path::Path::new("/usr/bin/python3")
@@ -158,12 +158,18 @@ fn gc_pauses_match_pythons_own_gc_callbacks() {
         own.len()
     );
     // The callbacks run just outside the probes (gc_collect_main is between them): each
-    // traced collection is at most as long as the callbacks' and less than 1 ms shorter.
+    // traced collection is at most as long as the callbacks' and less than 1 ms shorter, unless
+    // the collecting thread was preempted between a callback and its probe: then by as much as
+    // it waited for a CPU there, at most its longest run-queue wait at each end (a CI run: 1.0001
+    // ms shorter, on a 150 ms collection, beside the tracer on two CPUs).
     let own_max = own.iter().map(|(s, e)| e - s).max().unwrap();
     let max = gc["max_ns"].as_u64().unwrap();
+    let main = thread_json(&doc, server.id());
+    let preempted = 2 * u(&main["runq_wait_max_ns"]);
     assert!(
-        max <= own_max + 100_000 && max + 1_000_000 >= own_max,
-        "longest: {max} ns traced vs {own_max} ns by gc.callbacks"
+        max <= own_max + 100_000 && max + 1_000_000 + preempted >= own_max,
+        "longest: {max} ns traced vs {own_max} ns by gc.callbacks (the thread's longest \
+         run-queue wait, twice: {preempted} ns)"
     );
     assert_eq!(gc["max_generation"], 2, "{gc}");
     drop(server);
