@@ -91,7 +91,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
         let why = "not checked: loading BPF programs needs CAP_BPF and CAP_PERFMON";
         return (cap(false, why), cap(false, why), cap(false, why));
     }
-    let none = PerfSet::open(CounterChoice::Software, &[0]);
+    let mut none = PerfSet::open(CounterChoice::Software, &[0]);
     let opts = ProbeOptions {
         choice: ProbeChoice::Auto,
         ring_bytes: 4096 * 16,
@@ -102,7 +102,7 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
     };
     // Loading puts every program through the verifier; nothing is attached.
     // With every record sent (timeline), the verifier sees every path.
-    let loaded = SchedProbes::load(&[std::process::id()], false, &opts, &none, true);
+    let loaded = SchedProbes::load(&[std::process::id()], false, &opts, &mut none, true);
     let mut p = match loaded {
         Ok(p) => p,
         Err(e) => {
@@ -111,10 +111,10 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
             return (cap(false, e.clone()), cap(false, e), cap(false, why));
         }
     };
-    let counters = if none.mask != 0 {
-        ", with the counter reads"
-    } else {
-        ""
+    let counters = match none.software_errors.first() {
+        _ if none.mask != 0 => ", with the counter reads".to_string(),
+        Some((_, why)) => format!(", without the counter reads ({why})"),
+        None => String::new(),
     };
     let idle = p.idle_sending();
     let (sched, btf) = if p.mode() == ProbeMode::TpBtf {

@@ -345,7 +345,7 @@ impl Loaded {
             .map(TraceWriter::create)
             .transpose()?;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-        let perf = PerfSet::open(opts.counters, &cpus);
+        let mut perf = PerfSet::open(opts.counters, &cpus);
         // The kernel side sends every state change only when something reads them: the kept
         // timeline or a trace file. Decided here, from the options that need them, so that no
         // caller can keep a timeline the probes do not feed.
@@ -354,7 +354,7 @@ impl Loaded {
             &targets.tgids(),
             targets.follow,
             &opts.probes,
-            &perf,
+            &mut perf,
             timeline,
         )?;
         if opts.windows {
@@ -524,10 +524,18 @@ fn notices(
             perf.pmu.reason
         );
     }
+    // One line per reason: the counters given up together share theirs.
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for (slot, why) in &perf.software_errors {
+        match reasons.iter_mut().find(|(w, _)| w == why) {
+            Some((_, slots)) => slots.push(slot_name(*slot)),
+            None => reasons.push((why, vec![slot_name(*slot)])),
+        }
+    }
+    for (why, slots) in reasons {
         eprintln!(
-            "tracer: software counter {} unavailable: {why}",
-            slot_name(*slot)
+            "tracer: software counters unavailable ({}): {why}",
+            slots.join(", ")
         );
     }
     if targets.left_out_self {

@@ -114,6 +114,7 @@ pub struct PerfSet {
     pub pmu: PmuCapability,
     /// Software slots that failed, with why.
     pub software_errors: Vec<(PerfSlot, String)>,
+    choice: CounterChoice,
 }
 
 impl PerfSet {
@@ -154,6 +155,26 @@ impl PerfSet {
             mask,
             pmu,
             software_errors,
+            choice,
+        }
+    }
+
+    /// Closes every counter because the kernel would not take the programs that read them
+    /// (`why`): each slot that was open is then unavailable for that reason, and the recording
+    /// says so rather than giving figures it did not measure.
+    pub fn give_up(&mut self, why: &str) {
+        let given_up = |slots: &[PerfSlot]| -> Vec<(PerfSlot, String)> {
+            (slots.iter())
+                .filter(|&&s| self.mask & (1 << s as u32) != 0)
+                .map(|&s| (s, why.to_string()))
+                .collect()
+        };
+        let hardware = given_up(&HARDWARE);
+        self.software_errors.extend(given_up(&SOFTWARE));
+        self.counters.clear();
+        self.mask = 0;
+        if !hardware.is_empty() {
+            self.pmu = pmu_capability(self.choice, 0, &hardware);
         }
     }
 

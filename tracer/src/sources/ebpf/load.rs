@@ -57,6 +57,13 @@ pub(super) fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -
     load_error(detail)
 }
 
+/// Whether loading failed because the verifier gave up on a program's size or complexity
+/// (E2BIG, "BPF program is too large"), not for something the counters have nothing to do with.
+fn verifier_gave_up(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.contains("BPF program is too large") || text.contains("Argument list too long")
+}
+
 impl SchedProbes {
     /// Loads and configures the probes for the processes `tgids` (and, with `follow`, those
     /// they fork), reading the counters in `perf` at each of their context switches: every
@@ -67,7 +74,7 @@ impl SchedProbes {
         tgids: &[u32],
         follow: bool,
         opts: &ProbeOptions,
-        perf: &PerfSet,
+        perf: &mut PerfSet,
         timeline: bool,
     ) -> Result<Self> {
         kernel_floor(&std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default())?;
@@ -91,7 +98,20 @@ impl SchedProbes {
             .clone()
             .unwrap_or_else(|| layout::VMLINUX_BTF.into());
         let config = base_config(follow, opts, timeline);
-        let (loaded, btf) = load_family(&btf_path, config, tgids, opts, perf)?;
+        let (loaded, btf) = match load_family(&btf_path, config, tgids, opts, perf) {
+            // The counter reads make the context-switch program larger for the verifier, and
+            // some kernels' verifiers give up on it (the classic tracepoints' program on Linux
+            // 6.18: a million instructions walked): the recording goes on without the
+            // counters, and says why, rather than not at all.
+            Err(e) if perf.mask != 0 && verifier_gave_up(&e) => {
+                perf.give_up(
+                    "the kernel's verifier found the context-switch program too large with the \
+                     counter reads (it loads without them)",
+                );
+                load_family(&btf_path, config, tgids, opts, perf)?
+            }
+            loaded => loaded?,
+        };
         let (mode, config, switch_program) = (loaded.mode, loaded.config, loaded.switch_program);
         let btf_capability = btf_capability(
             btf.is_some(),
