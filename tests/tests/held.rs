@@ -104,6 +104,65 @@ fn wakers_agree_with_bpftrace() {
     drop(proc_);
 }
 
+/// A thread slot freed by a dead thread and taken by a new one starts clean: the new thread's
+/// waits are put down to its waker, not the dead one's too. Two slots (`--thread-slots 2`, a
+/// slot by the TID's parity) make the workers, one after another, take each other's; each
+/// waits twice 100 ms for the main thread. The slot's run of waits by one waker was left from
+/// the thread before, and a worker showed 803 ms blocked by the main thread of its own 201.
+#[test]
+fn a_reused_thread_slot_starts_clean() {
+    let _guard = serial();
+    require_root();
+    let Some(py) = python() else {
+        eprintln!("skipped: no /usr/bin/python3");
+        return;
+    };
+    let code = "import threading, time\n\
+                print(threading.get_native_id(), flush=True)\n\
+                time.sleep(1.5)\n\
+                for i in range(6):\n    \
+                    ev = threading.Event(); done = threading.Event()\n    \
+                    def w():\n        \
+                        for _ in range(2):\n            ev.wait(); ev.clear(); done.set()\n    \
+                    t = threading.Thread(target=w); t.start()\n    \
+                    for _ in range(2):\n        \
+                        time.sleep(0.1); ev.set(); done.wait(); done.clear()\n    \
+                    t.join()\n    \
+                    time.sleep(1.2)\n";
+    let (proc_, main) = spawn_python(py, &["-c", code]);
+    let main: u32 = main.parse().expect("main TID");
+    // Ends when the script does.
+    let out = tracer_tests::run_tracer(&[
+        "attach",
+        "--pid",
+        &main.to_string(),
+        "--duration",
+        "30s",
+        "--thread-slots",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc = out.json();
+    let mut workers = 0;
+    for h in doc["held_up_by"].as_array().expect("held_up_by") {
+        let tid = u(&h["tid"]) as u32;
+        if tid == main || u(&h["by"]["tid"]) as u32 != main {
+            continue;
+        }
+        workers += 1;
+        let t = thread_json(&doc, tid);
+        // Its two waits, and none that was not its own.
+        let (by, own) = (u(&h["blocked_ns"]), u(&t["blocked_ns"]));
+        assert!(
+            by >= 190_000_000 && by <= own && u(&h["wakeups"]) <= u(&t["wakeups"]),
+            "tid {tid}: {h} against its own {t}"
+        );
+    }
+    assert!(workers >= 5, "{workers} workers: {}", doc["held_up_by"]);
+    drop(proc_);
+}
+
 #[test]
 fn gc_pauses_match_pythons_own_gc_callbacks() {
     let _guard = serial();

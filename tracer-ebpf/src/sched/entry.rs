@@ -3,7 +3,7 @@
 //! entry starts with and the other records that name a task use too.
 
 use aya_ebpf::helpers::{bpf_probe_read_kernel_buf, generated};
-use tracer_common::{COMM_LEN, Counter, RUNQ_HIST_SLOTS, ThreadState, ThreadStats};
+use tracer_common::{COMM_LEN, Counter, ThreadState, ThreadStats};
 
 use super::{BPF_NOEXIST, NO_CPU};
 use crate::maps::{THREAD_SLOTS, THREAD_TEMPLATE, THREADS, config, count};
@@ -30,45 +30,34 @@ pub(super) fn read_comm(dst: &mut [u8; COMM_LEN], from: Comm) {
     }
 }
 
-/// Sets every field of a new entry for `tid`.
+/// Sets every field of a new entry for `tid`: zero, but for its ids, name and CPUs. Zeroed a
+/// word at a time with volatile stores: plain ones (field by field, or `= [0; N]`) were merged
+/// into calls to a byte-by-byte memset, which the verifier walked at every path through an
+/// entry's creation, hundreds of instructions each (the classic tracepoints' switch program
+/// with the counter reads went over its million).
 #[inline(always)]
 fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
+    let words = (t as *mut ThreadStats).cast::<u64>();
+    // Word 0 holds the TID, written last: a slot whose TID is 0 is free (`thread`).
+    for i in 1..size_of::<ThreadStats>() / 8 {
+        // SAFETY: inside the entry, which is 8-aligned and a whole number of words (asserted
+        // below).
+        unsafe { words.add(i).write_volatile(0) };
+    }
     t.tgid = tgid;
-    t.comm = [0; COMM_LEN];
     read_comm(&mut t.comm, comm);
     t.state = ThreadState::Unknown as u32;
     t.first_state = ThreadState::Unknown as u32;
-    t.first_ts_ns = 0;
-    t.state_ts_ns = 0;
-    t.created_ts_ns = 0;
-    t.exited_ts_ns = 0;
-    t.voluntary_switches = 0;
-    t.involuntary_switches = 0;
-    t.migrations = 0;
-    t.wakeups = 0;
-    t.oncpu_ns = 0;
-    t.runq_wait_ns = 0;
-    t.blocked_ns = 0;
-    t.runq_waits = 0;
-    t.runq_wait_max_ns = 0;
     t.wait_cpu = NO_CPU;
     t.last_cpu = NO_CPU;
-    t.parent_tid = 0;
-    t.flags = 0;
-    t.caused_wait_ns = 0;
-    t.caused_slices = 0;
-    t.seen_exec_ns = 0;
-    t.seen_nvcsw = 0;
-    t.seen_nivcsw = 0;
-    t.seen_migrations = 0;
-    t.runq_hist = [0; RUNQ_HIST_SLOTS];
-    t.waker_tid = 0;
-    t.waker_tgid = 0;
-    t.waker_syscall = 0;
-    t.waker_flags = 0;
-    t.waker_comm = [0; COMM_LEN];
     t.tid = tid;
 }
+const _: () = assert!(
+    core::mem::align_of::<ThreadStats>() == 8
+        && size_of::<ThreadStats>().is_multiple_of(8)
+        && core::mem::offset_of!(ThreadStats, tid) == 0
+        && core::mem::offset_of!(ThreadStats, tgid) == 4
+);
 
 /// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
 #[inline(always)]

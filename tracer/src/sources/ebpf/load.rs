@@ -57,6 +57,14 @@ pub(super) fn load_error_of(what: &str, e: &(dyn std::error::Error + 'static)) -
     load_error(detail)
 }
 
+/// A test's stand-in for a verifier that gives up on the program with the counter reads
+/// (`TRACER_TEST_REFUSE_COUNTER_READS`): none of our kernels does any more, and the way on
+/// without the counters must still be tested.
+fn refused_by_test(perf: &PerfSet) -> Option<anyhow::Error> {
+    (perf.mask != 0 && std::env::var_os("TRACER_TEST_REFUSE_COUNTER_READS").is_some())
+        .then(|| anyhow!("BPF program is too large (TRACER_TEST_REFUSE_COUNTER_READS is set)"))
+}
+
 /// Whether loading failed because the verifier gave up on a program's size or complexity
 /// (E2BIG, "BPF program is too large"), not for something the counters have nothing to do with.
 fn verifier_gave_up(e: &anyhow::Error) -> bool {
@@ -98,11 +106,16 @@ impl SchedProbes {
             .clone()
             .unwrap_or_else(|| layout::VMLINUX_BTF.into());
         let config = base_config(follow, opts, timeline);
-        let (loaded, btf) = match load_family(&btf_path, config, tgids, opts, perf) {
-            // The counter reads make the context-switch program larger for the verifier, and
-            // some kernels' verifiers give up on it (the classic tracepoints' program on Linux
-            // 6.18: a million instructions walked): the recording goes on without the
-            // counters, and says why, rather than not at all.
+        let first = match refused_by_test(perf) {
+            Some(e) => Err(e),
+            None => load_family(&btf_path, config, tgids, opts, perf),
+        };
+        let (loaded, btf) = match first {
+            // The counter reads make the context-switch program larger for the verifier, and a
+            // verifier may give up on it (the classic tracepoints' program did on Linux 6.18, a
+            // million instructions walked, while an entry's creation called a byte-by-byte
+            // memset): the recording goes on without the counters, and says why, rather than
+            // not at all.
             Err(e) if perf.mask != 0 && verifier_gave_up(&e) => {
                 perf.give_up(
                     "the kernel's verifier found the context-switch program too large with the \
