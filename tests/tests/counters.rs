@@ -211,7 +211,13 @@ fn software_counters_agree_with_proc_perf_stat_and_the_scheduler() {
         let oncpu = u(&t["oncpu_ns"]);
         let perf_clock = task_clock[tid];
         let sched = d.oncpu_ns;
-        let (lo, hi) = (perf_clock.min(sched), perf_clock.max(sched));
+        // schedstat widens the range by at most 5 % + 300 us of perf's figure: more than the
+        // 250 us seen, and schedstat's own bias on the workers (0.8-3.3 %).
+        let sched_near = sched.clamp(
+            perf_clock.saturating_sub(perf_clock / 20 + 300_000),
+            perf_clock + perf_clock / 20 + 300_000,
+        );
+        let (lo, hi) = (perf_clock.min(sched_near), perf_clock.max(sched_near));
         let between = |x: u64, slack: u64| x + slack >= lo && x <= hi + slack;
         let path = 3_000 * kernel + stolen + if stolen > 0 { 10_000_000 } else { 0 };
         assert!(
@@ -333,16 +339,17 @@ fn counters_the_verifier_refuses_are_given_up_and_said_so() {
         stderr.contains(
             "software counters unavailable (cpu_clock_ns, context_switches, cpu_migrations): \
              the kernel's verifier found the context-switch program too large with the counter \
-             reads (it loads without them)"
+             reads, so it was loaded without them"
         ),
         "{stderr}"
     );
     let t = thread_json(&doc, load.tids[1]);
     assert!(t["counters"].is_null(), "{t}");
     // The scheduler's figures are there: the worker's round of 150 sleeps after 200 us of
-    // spinning each (timed by the clock: preempted, it runs less).
+    // spinning each (timed by the clock: preempted, it runs less), give or take a switch-out
+    // the classic tracepoints missed (they have no task to repair one from).
     assert!(
-        u(&t["voluntary_switches"]) >= 150 && u(&t["oncpu_ns"]) >= 15_000_000,
+        u(&t["voluntary_switches"]) >= 140 && u(&t["oncpu_ns"]) >= 15_000_000,
         "{t}"
     );
 }

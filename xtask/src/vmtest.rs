@@ -465,6 +465,10 @@ fn judge(result: &BTreeMap<String, String>, kver: &str) -> Vec<String> {
     if get("doctor_rc") != "0" {
         failures.push(format!("tracer doctor exited {}", get("doctor_rc")));
     }
+    if get("doctor_counters") != "yes" {
+        failures
+            .push("the scheduler programs did not pass the verifier with the counter reads".into());
+    }
     for mode in MODES {
         if get(&format!("exact_{mode}")) != "yes" {
             failures.push(format!(

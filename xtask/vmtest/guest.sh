@@ -26,6 +26,8 @@ mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 
 put t_doctor "$(date +%s)"
 timeout 40 "$TRACER" doctor > "$OUT/doctor.txt" 2>&1
 put doctor_rc $?
+# The scheduler programs passed with the counter reads, not loaded again without them.
+if grep -q "with the counter reads" "$OUT/doctor.txt"; then put doctor_counters yes; else put doctor_counters no; fi
 
 # 2. exact counts, per probe mode: auto (tp_btf where BTF allows), forced classic, and no BTF
 # (a missing BTF file: the classic fallback).

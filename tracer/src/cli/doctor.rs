@@ -111,10 +111,16 @@ fn scheduler_programs(privileged: bool) -> (Capability, Capability, Capability) 
             return (cap(false, e.clone()), cap(false, e), cap(false, why));
         }
     };
-    let counters = match none.software_errors.first() {
-        _ if none.mask != 0 => ", with the counter reads".to_string(),
-        Some((_, why)) => format!(", without the counter reads ({why})"),
-        None => String::new(),
+    let counters = if none.mask != 0 {
+        ", with the counter reads".to_string()
+    } else {
+        let mut why: Vec<&str> = Vec::new();
+        for (_, w) in &none.software_errors {
+            if !why.contains(&w.as_str()) {
+                why.push(w);
+            }
+        }
+        format!(", without the counter reads: {}", why.join("; "))
     };
     let idle = p.idle_sending();
     let (sched, btf) = if p.mode() == ProbeMode::TpBtf {

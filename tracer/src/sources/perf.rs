@@ -115,6 +115,8 @@ pub struct PerfSet {
     /// Software slots that failed, with why.
     pub software_errors: Vec<(PerfSlot, String)>,
     choice: CounterChoice,
+    /// Hardware slots that failed to open, with why (kept for `give_up`).
+    hw_errors: Vec<(PerfSlot, String)>,
 }
 
 impl PerfSet {
@@ -156,6 +158,7 @@ impl PerfSet {
             pmu,
             software_errors,
             choice,
+            hw_errors,
         }
     }
 
@@ -174,7 +177,9 @@ impl PerfSet {
         self.counters.clear();
         self.mask = 0;
         if !hardware.is_empty() {
-            self.pmu = pmu_capability(self.choice, 0, &hardware);
+            // With the slots that had failed to open, and their reasons.
+            self.hw_errors.extend(hardware);
+            self.pmu = pmu_capability(self.choice, 0, &self.hw_errors);
         }
     }
 

@@ -65,11 +65,13 @@ fn refused_by_test(perf: &PerfSet) -> Option<anyhow::Error> {
         .then(|| anyhow!("BPF program is too large (TRACER_TEST_REFUSE_COUNTER_READS is set)"))
 }
 
-/// Whether loading failed because the verifier gave up on a program's size or complexity
-/// (E2BIG, "BPF program is too large"), not for something the counters have nothing to do with.
+/// Whether loading failed because the verifier gave up on a program's size or complexity: its
+/// log's words, or E2BIG from the program load itself (a map's E2BIG is something else).
 fn verifier_gave_up(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
-    text.contains("BPF program is too large") || text.contains("Argument list too long")
+    text.contains("BPF program is too large")
+        || text.contains("too complex")
+        || text.contains("BPF_PROG_LOAD syscall returned Argument list too long")
 }
 
 impl SchedProbes {
@@ -119,9 +121,10 @@ impl SchedProbes {
             Err(e) if perf.mask != 0 && verifier_gave_up(&e) => {
                 perf.give_up(
                     "the kernel's verifier found the context-switch program too large with the \
-                     counter reads (it loads without them)",
+                     counter reads, so it was loaded without them",
                 );
-                load_family(&btf_path, config, tgids, opts, perf)?
+                load_family(&btf_path, config, tgids, opts, perf)
+                    .with_context(|| format!("loading again without the counters, after: {e:#}"))?
             }
             loaded => loaded?,
         };
@@ -232,8 +235,14 @@ fn load_family(
     let why = fallback_reason.clone().unwrap_or_default();
     let loaded = match load_object((mode, &why), btf.as_ref(), config, tgids, opts, perf) {
         // A kernel whose verifier rejects a tp_btf program (an argument or helper it
-        // lacks) still has the classic tracepoints: auto mode takes them, and says why.
-        Err(e) if mode == ProbeMode::TpBtf && opts.choice == ProbeChoice::Auto => {
+        // lacks) still has the classic tracepoints: auto mode takes them, and says why. Unless
+        // the verifier gave up on the counter reads: then tp_btf without the counters
+        // (`SchedProbes::load`) keeps more than the classic family with them.
+        Err(e)
+            if mode == ProbeMode::TpBtf
+                && opts.choice == ProbeChoice::Auto
+                && !(perf.mask != 0 && verifier_gave_up(&e)) =>
+        {
             let why = format!("the kernel rejected a tp_btf program: {e:#}");
             let mut classic = config;
             classic.task_counts = 0;
@@ -510,6 +519,23 @@ fn install_counters(ebpf: &Ebpf, perf: &PerfSet) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_verifier_giving_up_is_told_from_other_load_errors() {
+        let gave_up = anyhow!(
+            "loading the BPF programs failed: sched_switch_tp: the BPF_PROG_LOAD syscall \
+             returned Argument list too long (os error 7). Verifier output: 0: R1=ctx() \
+             R10=fp0 ... BPF program is too large. Processed 1000001 insn"
+        );
+        assert!(verifier_gave_up(&gave_up));
+        let terse = anyhow!("x: the BPF_PROG_LOAD syscall returned Argument list too long");
+        assert!(verifier_gave_up(&terse));
+        let map = anyhow!("map EVENTS: the BPF_MAP_CREATE syscall returned Argument list too long");
+        assert!(!verifier_gave_up(&map));
+        let other = anyhow!("sched_switch_tp: invalid argument: R1 type=ctx expected=fp");
+        assert!(!verifier_gave_up(&other));
+    }
+
     use super::*;
 
     #[test]
