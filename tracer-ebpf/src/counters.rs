@@ -5,6 +5,8 @@
 //! switches at every context switch, and covers threads created later with no help from
 //! userspace.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::helpers::generated::bpf_perf_event_read_value;
 use tracer_common::{
     Counter, CounterReading, CounterSlice, EventKind, PERF_SLOTS, ThreadCounters,
@@ -16,15 +18,17 @@ use crate::maps::{
     PERF_CYCLES, PERF_INSTRUCTIONS, PERF_LLC_MISSES, PERF_LLC_REFERENCES, THREAD_COUNTERS, config,
     count,
 };
+use crate::zero::zero_words;
 
 const BPF_NOEXIST: u64 = 1;
 /// `BPF_F_CURRENT_CPU`: the counter of the CPU the program runs on (the kernel refuses to read
 /// another CPU's counter anyway).
 const CURRENT_CPU: u64 = 0xffff_ffff;
 
-/// Reads slot `k` on the current CPU.
+/// Reads slot `k` on the current CPU into `out`, which may be uninitialised (the helper fills
+/// it, or zeroes it on failure).
 #[inline(always)]
-fn read(k: usize, out: &mut CounterReading) -> bool {
+fn read(k: usize, out: *mut CounterReading) -> bool {
     // PerfEventArray is a transparent wrapper over the map definition, so a pointer to the
     // static is the map pointer the helper wants.
     let map: *mut core::ffi::c_void = match k {
@@ -41,7 +45,7 @@ fn read(k: usize, out: &mut CounterReading) -> bool {
         bpf_perf_event_read_value(
             map,
             CURRENT_CPU,
-            (out as *mut CounterReading).cast(),
+            out.cast(),
             size_of::<CounterReading>() as u32,
         )
     };
@@ -78,7 +82,7 @@ pub fn slice_begin(tid: u32, now: u64) {
     };
     let mut valid = 0u32;
     for k in 0..PERF_SLOTS {
-        if mask & (1 << k) != 0 && read(k, &mut c.start[k]) {
+        if mask & (1 << k) != 0 && read(k, &raw mut c.start[k]) {
             valid |= 1 << k;
         }
     }
@@ -99,20 +103,26 @@ pub fn slice_end(tid: u32, cpu: u32, now: u64, out: &mut Batch) {
     if c.valid == 0 {
         return;
     }
-    let mut slice = CounterSlice {
-        ts_ns: now,
-        tid,
-        kind: EventKind::CounterSlice as u32,
-        cpu,
-        valid: 0,
-        start_ns: c.slice_start_ns,
-        values: [0; PERF_SLOTS],
+    // Zeroed a word at a time, not by a struct literal (a byte-by-byte memset at every
+    // target switch: `zero.rs`).
+    let mut slice = MaybeUninit::<CounterSlice>::uninit();
+    // SAFETY: a stack slot of the size, plain data.
+    let slice = unsafe {
+        zero_words(slice.as_mut_ptr());
+        slice.assume_init_mut()
     };
-    let mut end = CounterReading::default();
+    slice.ts_ns = now;
+    slice.tid = tid;
+    slice.kind = EventKind::CounterSlice as u32;
+    slice.cpu = cpu;
+    slice.start_ns = c.slice_start_ns;
+    let mut end = MaybeUninit::<CounterReading>::uninit();
     for k in 0..PERF_SLOTS {
-        if c.valid & (1 << k) == 0 || !read(k, &mut end) {
+        if c.valid & (1 << k) == 0 || !read(k, end.as_mut_ptr()) {
             continue;
         }
+        // SAFETY: the read succeeded, so the helper filled it.
+        let end = unsafe { end.assume_init_ref() };
         let start = c.start[k];
         let delta = end.counter.wrapping_sub(start.counter);
         let enabled = end.enabled.wrapping_sub(start.enabled);
@@ -126,5 +136,5 @@ pub fn slice_end(tid: u32, cpu: u32, now: u64, out: &mut Batch) {
         slice.valid |= 1 << k;
     }
     c.valid = 0;
-    out.push(&slice);
+    out.push(&*slice);
 }

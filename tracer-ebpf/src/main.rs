@@ -40,6 +40,8 @@ mod sched;
 mod send;
 #[cfg(target_arch = "bpf")]
 mod tp_btf;
+#[cfg(target_arch = "bpf")]
+mod zero;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}

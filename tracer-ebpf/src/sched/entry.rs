@@ -7,6 +7,7 @@ use tracer_common::{COMM_LEN, Counter, ThreadState, ThreadStats};
 
 use super::{BPF_NOEXIST, NO_CPU};
 use crate::maps::{THREAD_SLOTS, THREAD_TEMPLATE, THREADS, config, count};
+use crate::zero::zero_words;
 
 /// Where to take a task's name from.
 #[derive(Clone, Copy)]
@@ -30,34 +31,37 @@ pub(super) fn read_comm(dst: &mut [u8; COMM_LEN], from: Comm) {
     }
 }
 
-/// Sets every field of a new entry for `tid`: zero, but for its ids, name and CPUs. Zeroed a
-/// word at a time with volatile stores: plain ones (field by field, or `= [0; N]`) were merged
-/// into calls to a byte-by-byte memset, which the verifier walked at every path through an
-/// entry's creation, hundreds of instructions each (the classic tracepoints' switch program
-/// with the counter reads went over its million).
-#[inline(always)]
-fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
-    let words = (t as *mut ThreadStats).cast::<u64>();
-    // Word 0 holds the TID, written last: a slot whose TID is 0 is free (`thread`).
-    for i in 1..size_of::<ThreadStats>() / 8 {
-        // SAFETY: inside the entry, which is 8-aligned and a whole number of words (asserted
-        // below).
-        unsafe { words.add(i).write_volatile(0) };
-    }
-    t.tgid = tgid;
-    read_comm(&mut t.comm, comm);
-    t.state = ThreadState::Unknown as u32;
-    t.first_state = ThreadState::Unknown as u32;
-    t.wait_cpu = NO_CPU;
-    t.last_cpu = NO_CPU;
-    t.tid = tid;
-}
+/// A new entry's words after the first (which holds the TID and TGID).
+type EntryTail = [u64; size_of::<ThreadStats>() / 8 - 1];
 const _: () = assert!(
-    core::mem::align_of::<ThreadStats>() == 8
+    ThreadState::Unknown as u32 == 0
+        && align_of::<ThreadStats>() == 8
         && size_of::<ThreadStats>().is_multiple_of(8)
         && core::mem::offset_of!(ThreadStats, tid) == 0
         && core::mem::offset_of!(ThreadStats, tgid) == 4
+        && core::mem::offset_of!(ThreadStats, comm) == 8
 );
+
+/// Sets every field of a new entry for `tid`: zero, but for its ids, name and CPUs. Zeroed a
+/// word at a time (`zero.rs`): field by field, it was memset calls that the verifier walked
+/// byte by byte at every path through an entry's creation (the classic switch program with the
+/// counter reads went over its million instructions), and fields it left alone kept a dead
+/// thread's values in a reused slot (its run of waits by one waker went to the next thread).
+#[inline(always)]
+fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
+    // SAFETY: the entry from its second word on (`EntryTail`).
+    unsafe { zero_words((&raw mut t.comm).cast::<EntryTail>()) };
+    read_comm(&mut t.comm, comm);
+    // Volatile too, so that the TID is written after every other field (the state, Unknown,
+    // is 0: zeroed above): a slot whose TID is 0 is free.
+    // SAFETY: fields of the entry.
+    unsafe {
+        (&raw mut t.tgid).write_volatile(tgid);
+        (&raw mut t.wait_cpu).write_volatile(NO_CPU);
+        (&raw mut t.last_cpu).write_volatile(NO_CPU);
+        (&raw mut t.tid).write_volatile(tid);
+    }
+}
 
 /// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
 #[inline(always)]
