@@ -27,8 +27,11 @@ const CURRENT_CPU: u64 = 0xffff_ffff;
 
 /// Reads slot `k` on the current CPU into `out`, which may be uninitialised (the helper fills
 /// it, or zeroes it on failure).
+///
+/// # Safety
+/// `out` is valid for writes of a `CounterReading`.
 #[inline(always)]
-fn read(k: usize, out: *mut CounterReading) -> bool {
+unsafe fn read(k: usize, out: *mut CounterReading) -> bool {
     // PerfEventArray is a transparent wrapper over the map definition, so a pointer to the
     // static is the map pointer the helper wants.
     let map: *mut core::ffi::c_void = match k {
@@ -40,7 +43,7 @@ fn read(k: usize, out: *mut CounterReading) -> bool {
         5 => (&raw const PERF_CONTEXT_SWITCHES).cast_mut().cast(),
         _ => (&raw const PERF_CPU_MIGRATIONS).cast_mut().cast(),
     };
-    // SAFETY: `out` has the size passed.
+    // SAFETY: `out` is valid for writes of the size passed (the caller's promise).
     let rc = unsafe {
         bpf_perf_event_read_value(
             map,
@@ -82,7 +85,8 @@ pub fn slice_begin(tid: u32, now: u64) {
     };
     let mut valid = 0u32;
     for k in 0..PERF_SLOTS {
-        if mask & (1 << k) != 0 && read(k, &raw mut c.start[k]) {
+        // SAFETY: an element of the entry.
+        if mask & (1 << k) != 0 && unsafe { read(k, &raw mut c.start[k]) } {
             valid |= 1 << k;
         }
     }
@@ -118,7 +122,8 @@ pub fn slice_end(tid: u32, cpu: u32, now: u64, out: &mut Batch) {
     slice.start_ns = c.slice_start_ns;
     let mut end = MaybeUninit::<CounterReading>::uninit();
     for k in 0..PERF_SLOTS {
-        if c.valid & (1 << k) == 0 || !read(k, end.as_mut_ptr()) {
+        // SAFETY: a stack slot of the size.
+        if c.valid & (1 << k) == 0 || !unsafe { read(k, end.as_mut_ptr()) } {
             continue;
         }
         // SAFETY: the read succeeded, so the helper filled it.

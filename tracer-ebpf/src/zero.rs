@@ -1,6 +1,7 @@
 //! Zeroing without `memset`. Plain zeroing of more than a few bytes (`= [0; N]`, a struct
-//! literal, `Default`) compiles to a call to compiler-builtins' `memset`, a loop over single
-//! bytes: run at every target switch where it sat in the counters' path, and walked byte by
+//! literal, `Default`) compiles to a call to compiler-builtins' `memset`, which in this object
+//! is a loop over single bytes (a one-byte store and an increment, as the verifier's log of it
+//! shows): run at every target switch where it sat in the counters' path, and walked byte by
 //! byte by the verifier at every path through it (the classic switch program with the counter
 //! reads went over its million instructions). Volatile word stores are not merged back into it.
 

@@ -49,8 +49,15 @@ const _: () = assert!(
 /// thread's values in a reused slot (its run of waits by one waker went to the next thread).
 #[inline(always)]
 fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
-    // SAFETY: the entry from its second word on (`EntryTail`).
-    unsafe { zero_words((&raw mut t.comm).cast::<EntryTail>()) };
+    // SAFETY: the entry from its second word on (`EntryTail`), a pointer into the whole entry.
+    unsafe {
+        zero_words(
+            (t as *mut ThreadStats)
+                .cast::<u64>()
+                .add(1)
+                .cast::<EntryTail>(),
+        )
+    };
     read_comm(&mut t.comm, comm);
     // Volatile too, so that the TID is written after every other field (the state, Unknown,
     // is 0: zeroed above): a slot whose TID is 0 is free.

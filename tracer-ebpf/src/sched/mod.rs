@@ -278,10 +278,12 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
         }
         // `prev` blocks as `next`'s partner: the part of `next`'s wait since `prev` began its
         // slice is a handoff. Where the tracepoint does not say whether `prev` blocked (tp_btf
-        // before Linux 5.18), no wait is one.
+        // before Linux 5.18), no wait is one; nor where `prev`'s slice began before the
+        // recording (its start 0: the whole wait would have counted).
         if !sw.preempt
             && sw.prev_state != 0
             && sw.prev_state != STATE_UNKNOWN
+            && p.slice_start_ns != 0
             && linked(n, sw.prev_pid, p.waker_tid)
         {
             n.flags |= FLAG_PARTNER;

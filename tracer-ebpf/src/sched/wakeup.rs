@@ -4,8 +4,9 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, PF_KTHREAD, ThreadState, ThreadStats,
-    WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WakerKey, WakerRun, WakerStats, hist_slot,
+    Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, PF_KTHREAD, RUNQ_HIST_SLOTS, ThreadState,
+    ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WakerKey, WakerRun, WakerStats,
+    hist_slot,
 };
 
 use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unseen};
@@ -152,7 +153,11 @@ pub fn note_current_waker(t: &mut ThreadStats) {
 /// A run's totals and histogram: the words of `WakerStats` from `blocked_ns` on.
 type Tail = [u64; (size_of::<WakerStats>() - offset_of!(WakerStats, blocked_ns)) / 8];
 const _: () = assert!(
-    offset_of!(WakerStats, blocked_ns).is_multiple_of(8)
+    offset_of!(WakerStats, hist) + size_of::<[u32; RUNQ_HIST_SLOTS]>() == size_of::<WakerStats>()
+        && offset_of!(WakerStats, max_ns) + 8 == offset_of!(WakerStats, hist)
+        && offset_of!(WakerStats, count) + 8 == offset_of!(WakerStats, max_ns)
+        && offset_of!(WakerStats, blocked_ns) + 8 == offset_of!(WakerStats, count)
+        && offset_of!(WakerStats, blocked_ns).is_multiple_of(8)
         && size_of::<WakerStats>().is_multiple_of(8)
         && align_of::<WakerStats>() == 8
 );
@@ -175,7 +180,10 @@ fn note_waker(t: &mut ThreadStats, ns: u64) {
         // The totals and the histogram, a word at a time: assigned, they were a byte-by-byte
         // memset of 168 bytes at each change of waker (`zero.rs`).
         // SAFETY: from `blocked_ns` to the end of the stats: whole words, 8-aligned (`Tail`).
-        unsafe { zero_words((&raw mut r.stats.blocked_ns).cast::<Tail>()) };
+        unsafe {
+            let from = (&raw mut r.stats).byte_add(offset_of!(WakerStats, blocked_ns));
+            zero_words(from.cast::<Tail>());
+        }
     }
     // A thread's wakeups come one at a time (it runs between them), so plain adds suffice.
     let w = &mut r.stats;
