@@ -47,6 +47,9 @@ pub struct Neighbour {
     pub wait_ns: u64,
     /// Share of all attributed waiting.
     pub wait_share: f64,
+    /// Of `wait_ns`, the handoffs its tasks were the partners in: the exchange, not
+    /// contention.
+    pub handoff_ns: u64,
 }
 
 impl Neighbour {
@@ -138,6 +141,7 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
                     threads: 0,
                     wait_ns: 0,
                     wait_share: 0.0,
+                    handoff_ns: 0,
                 },
                 BTreeMap::new(),
             )
@@ -145,6 +149,7 @@ pub fn group(rec: &Recording, preemptors: &[PreemptorSummary]) -> Vec<Neighbour>
         g.threads += 1;
         g.wait_ns += p.wait_ns;
         g.wait_share += p.wait_share;
+        g.handoff_ns += p.handoff_ns;
         *per_process.entry(p.tgid).or_default() += p.wait_ns;
     }
     let mut out: Vec<Neighbour> = groups
@@ -187,6 +192,7 @@ mod tests {
             slices: 1,
             ppid,
             cgroup: Some(cgroup.into()),
+            handoff_ns: 0,
         }
     }
 

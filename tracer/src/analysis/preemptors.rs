@@ -18,6 +18,8 @@ pub struct PreemptorSummary {
     pub wait_share: f64,
     /// The preemptor is a thread of the target set: the service itself.
     pub same_process: bool,
+    /// Of `wait_ns`, the handoffs it was the partner in: the exchange, not contention.
+    pub handoff_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -96,6 +98,7 @@ pub fn summarize(rec: &Recording) -> (Vec<PreemptorSummary>, Vec<PreemptorProces
                 0.0
             },
             same_process: rec.is_member(p.tgid),
+            handoff_ns: p.handoff_ns,
         })
         .collect();
     preemptors.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.pid.cmp(&b.pid)));

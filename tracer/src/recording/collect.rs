@@ -34,6 +34,9 @@ pub struct Collector {
     /// Collections begun and not ended, by thread (start, generation); and those ended.
     gc_open: foldhash::HashMap<u32, (u64, Option<u32>)>,
     pauses: Vec<super::pauses::RuntimePause>,
+    /// Handoff time by partner (the task that held the CPU until it blocked: the switch-in
+    /// record's `aux`), for the preemptor records.
+    handoffs: foldhash::HashMap<u32, u64>,
     /// Records seen.
     pub records: u64,
 }
@@ -50,6 +53,7 @@ impl Collector {
             requests: Pairing::default(),
             gc_open: Default::default(),
             pauses: Vec::new(),
+            handoffs: Default::default(),
             records: 0,
         }
     }
@@ -64,6 +68,10 @@ impl Collector {
                         t.samples.record(ev.value);
                         if let Some(kind) = WaitKind::of(&ev) {
                             t.classes.add(kind, ev.value, ev.part_ns());
+                            if kind == WaitKind::Handoff {
+                                *self.handoffs.entry(ev.aux).or_default() +=
+                                    ev.part_ns().min(ev.value);
+                            }
                         }
                     }
                     Ok(EventKind::RequestStart | EventKind::RequestEnd) => {
@@ -190,6 +198,14 @@ impl Collector {
         pauses.sort_by_key(|p| p.start_ns);
         rec.runtime_pauses = pauses;
         rec.counter_bins = self.bins;
+        for p in &mut rec.preemptors {
+            p.handoff_ns = self
+                .handoffs
+                .get(&p.pid)
+                .copied()
+                .unwrap_or(0)
+                .min(p.wait_ns);
+        }
         let mut timeline = self.timeline.unwrap_or_default();
         timeline.events.sort_by_key(|e| e.ts_ns);
         rec.timeline = timeline;

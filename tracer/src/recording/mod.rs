@@ -141,6 +141,11 @@ pub struct PreemptorRecord {
     /// Its cgroup (in the v2 hierarchy), when known.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Of `wait_ns`, the handoffs it was the partner in (`WaitKind::Handoff`: a target thread
+    /// waited behind it as the task it exchanges work with, until it blocked), from the
+    /// window's switch-in records: the exchange, not contention.
+    #[serde(default)]
+    pub handoff_ns: u64,
 }
 
 /// A process the target forked, or one of its descendants: not traced (the programs follow

@@ -121,6 +121,8 @@ impl Reported {
             let s = self.preemptors.entry((p.pid, p.tgid)).or_default();
             p.wait_ns = step(p.wait_ns, &mut s.0);
             p.slices = step(p.slices, &mut s.1);
+            // The handoffs are the window's own (its records'), the wait cumulative until here.
+            p.handoff_ns = p.handoff_ns.min(p.wait_ns);
             p.slices > 0 || p.wait_ns > 0
         });
         rec.preemptors = preemptors;
@@ -326,6 +328,7 @@ fn add_kernel_lists(out: &mut Recording, w: &Recording) {
             Some(q) => {
                 q.wait_ns += p.wait_ns;
                 q.slices += p.slices;
+                q.handoff_ns += p.handoff_ns;
             }
             None => out.preemptors.push(p.clone()),
         }

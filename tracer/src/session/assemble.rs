@@ -99,6 +99,7 @@ fn preemptor_records(
                 ppid => Some(ppid),
             },
             cgroup: cgroups.get(&p.cgroup_id).cloned(),
+            handoff_ns: 0,
         })
         .collect();
     // The target's own threads are charged in their thread entries (tracer-ebpf `on_switch`).

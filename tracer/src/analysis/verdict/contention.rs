@@ -17,9 +17,12 @@ const CLOSE: f64 = 2.0 / 3.0;
 /// The neighbours that took the CPU from the target's threads (the idle task and the migration
 /// stopper aside: those are throttling, slow wakeups and migrations), largest first. The
 /// kernel charges a handoff to the partner that held the CPU, like any wait; it is not
-/// contention, so the service's own share is without the handoffs (`wait_classes`: most
-/// partners are threads of the service; one outside it keeps its share).
+/// contention, so each neighbour's share is without the handoffs it was the partner in
+/// (`Neighbour::handoff_ns`: the service's own threads, or a client outside it). A recording
+/// from before the partners were kept has only the total (`wait_classes`), which then comes
+/// off the service's own share, where most partners are.
 fn contenders(s: &Summary) -> Vec<Neighbour> {
+    let by_partner = s.neighbours.iter().any(|n| n.handoff_ns > 0);
     let handoff = s.totals.wait_classes.handoff_ns;
     let mut v: Vec<Neighbour> = s
         .neighbours
@@ -27,8 +30,13 @@ fn contenders(s: &Summary) -> Vec<Neighbour> {
         .filter(|n| n.kind != NeighbourKind::Idle && !n.is_stopper())
         .cloned()
         .map(|mut n| {
-            if n.kind == NeighbourKind::Target && handoff > 0 {
-                let kept = n.wait_ns.saturating_sub(handoff);
+            let part = match (by_partner, n.kind) {
+                (true, _) => n.handoff_ns,
+                (false, NeighbourKind::Target) => handoff,
+                (false, _) => 0,
+            };
+            if part > 0 {
+                let kept = n.wait_ns.saturating_sub(part);
                 n.wait_share *= kept as f64 / n.wait_ns.max(1) as f64;
                 n.wait_ns = kept;
             }

@@ -857,6 +857,41 @@ fn handoff_waits_are_not_contention() {
     );
 }
 
+/// The partner can be outside the target set (a client, a front end left out): its handoffs
+/// come off its own share, not the service's, and the neighbour that really took the CPU is
+/// the one named.
+#[test]
+fn an_outside_partner_s_handoffs_come_off_its_own_share() {
+    use crate::recording::waits::WaitKind;
+    let client = PreemptorRecord {
+        pid: 300,
+        tgid: 300,
+        comm: "client".into(),
+        process_comm: Some("client".into()),
+        wait_ns: 200 * MS,
+        slices: 200,
+        handoff_ns: 180 * MS,
+        ..Default::default()
+    };
+    let mut rec = window(600, 300, vec![client, hog(100 * MS)]);
+    let c = &mut rec.threads[0].wait_classes;
+    *c = Default::default();
+    c.add(WaitKind::Handoff, 180 * MS, 180 * MS);
+    c.add(WaitKind::Contention, 120 * MS, 0);
+    let v = verdict(&rec);
+    assert_eq!(v.primary, Primary::Scheduling, "{v:?}");
+    let named = v.causes[0].mechanism.to_string();
+    assert!(
+        named.contains("cpu-hog") && !named.contains("client"),
+        "{named}"
+    );
+    // Without the partners (a recording from before them), the total comes off the service's
+    // own share only: the client, 200 ms, is named.
+    rec.preemptors.iter_mut().for_each(|p| p.handoff_ns = 0);
+    let named = verdict(&rec).causes[0].mechanism.to_string();
+    assert!(named.contains("client"), "{named}");
+}
+
 #[test]
 fn without_requests_a_thread_waiting_on_a_saturated_gpu_is_gpu_saturation() {
     let mut rec = window(300, 0, vec![]);
