@@ -90,9 +90,10 @@ pub const FLAG_THROTTLE_BASE: u32 = 256;
 /// `ThreadStats::flags`, kernel side only: the thread's current wait began with a wakeup
 /// whose waker `sched_waking` noted (`waker_tid`); cleared when it next switches in or out.
 pub const FLAG_WOKEN: u32 = 512;
-/// `ThreadStats::flags`, kernel side only: the thread was preempted by the thread it had just
-/// woken (that thread's `FLAG_WOKEN` wait, `waker_tid` this one). If that thread blocks as
-/// this one gets the CPU back, the wait was a handoff (`WaitCode::Handoff`).
+/// `ThreadStats::flags`, kernel side only: the thread was preempted by the task it had just
+/// woken (a thread's `FLAG_WOKEN` wait, `waker_tid` this one; a task outside the target,
+/// `woke_tid`). If that task blocks as this one gets the CPU back, the wait was a handoff
+/// (`WaitCode::Handoff`).
 pub const FLAG_HANDOFF: u32 = 1024;
 /// `ThreadStats::flags`, kernel side only: the task leaving the CPU as this thread gets it is
 /// its partner and blocks (`partner_since_ns` holds since when it ran); decided just before
@@ -146,6 +147,12 @@ pub struct ThreadStats {
     /// When the thread's last slice on a CPU began, kept at its switch-out (which moves
     /// `state_ts_ns` on) for the thread switching in after it (`partner_since_ns`).
     pub slice_start_ns: u64,
+    /// The task outside the target this thread last woke in its current slice (0: none),
+    /// noted at `sched_waking` in its context (the wakee has no entry to note it in); cleared
+    /// at each switch-in. Kept through a wait that began when that task took the CPU from it
+    /// (`FLAG_HANDOFF`), to know the partner when it blocks.
+    pub woke_tid: u32,
+    pub _pad: u32,
     /// CPU whose run queue holds the thread while it is runnable.
     pub wait_cpu: u32,
     /// CPU the thread last ran on.
@@ -234,6 +241,8 @@ impl ThreadStats {
             throttled_at_wait: 0,
             partner_since_ns: 0,
             slice_start_ns: 0,
+            woke_tid: 0,
+            _pad: 0,
             wait_cpu: u32::MAX,
             last_cpu: u32::MAX,
             parent_tid: 0,
@@ -300,14 +309,23 @@ pub struct ChildProcess {
 
 /// Per-CPU bookkeeping of target threads waiting in that CPU's run queue.
 /// `pending_ns` integrates `waiters` over time since the last context switch on the CPU; the
-/// next switch charges it to the task switched out.
+/// next switch charges it to the task switched out. `switched_ns`: the time of the last switch
+/// on the CPU that the programs timed, which every switch is while a target thread waits there
+/// (`waiters`): the start of the running task's slice, or earlier than the wait (a task outside
+/// the target has no entry to keep its slice's start in).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuWait {
     pub waiters: u32,
-    pub _pad: u32,
+    /// The target thread on the CPU as of its last timed switch (0: none), and its process:
+    /// every switch to or from a target thread is timed, so this is `current`'s, for the
+    /// wakeups it makes (`sched_waking`) without a helper call at every wakeup of the host.
+    pub running_tid: u32,
     pub since_ns: u64,
     pub pending_ns: u64,
+    pub switched_ns: u64,
+    pub running_tgid: u32,
+    pub _pad: u32,
 }
 
 /// Tasks the PID namespace iterator can list (tracer-ebpf `pidns.rs`).

@@ -118,6 +118,8 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
 pub fn sched_waking_tp(ctx: TracePointContext) -> u32 {
     let tid = read_u32(&ctx, config!(wakeup_pid_off));
     let Some(tgid) = target_tgid_of(tid) else {
+        // A task outside the target, woken by one of its threads: noted in the waker's entry.
+        sched::on_waking_other(unsafe { bpf_get_smp_processor_id() }, tid);
         return 0;
     };
     sched::on_waking(

@@ -151,6 +151,8 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
 pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
     let p: *const u8 = ctx.arg(0);
     if !is_target(tgid_of(p)) {
+        // A task outside the target, woken by one of its threads: noted in the waker's entry.
+        sched::on_waking_other(unsafe { bpf_get_smp_processor_id() }, pid_of(p));
         return 0;
     }
     let regs_off = config!(regs_syscall_off);

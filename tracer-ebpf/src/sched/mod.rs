@@ -28,8 +28,8 @@ use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated};
 use tracer_common::{
     COMM_LEN, Counter, Event, EventKind, FLAG_EXITED, FLAG_HANDOFF, FLAG_MOVED, FLAG_PARTNER,
     FLAG_REPAIRED, FLAG_RUNNABLE_UNSURE, FLAG_THROTTLE_BASE, FLAG_WOKEN, Preemptor,
-    SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState, ThreadStats, WAIT_CODE_SHIFT, WaitCode,
-    hist_slot,
+    SWITCH_RUNNABLE_UNSURE, THROTTLED_SHIFT, ThreadState, ThreadStats, WAIT_CODE_SHIFT,
+    WAKER_KTHREAD, WaitCode, hist_slot,
 };
 
 use crate::maps::{Batch, CPU_WAIT, PREEMPTORS, config, count, sends_when_idle};
@@ -44,7 +44,7 @@ pub use lifecycle::{
     on_cgroup_attach, on_exec, on_migrate, on_process_fork, on_thread_exit, on_thread_new,
 };
 use throttle::{THROTTLED_MIN_WAIT_NS, note_throttle_base, throttled_permille};
-pub use wakeup::{note_current_waker, on_wakeup, on_waking, waker_flags};
+pub use wakeup::{note_current_waker, on_wakeup, on_waking, on_waking_other, waker_flags};
 
 const BPF_NOEXIST: u64 = 1;
 const NO_CPU: u32 = u32::MAX;
@@ -266,46 +266,102 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
     // not carried in variables: a pointer or a flag live across the counter reads in
     // `switch_out` or `switch_in` multiplies the states the verifier walks (with counters
     // on, the program no longer loaded).
-    if let (Some(p), Some(n)) = (prev, next.as_deref_mut()) {
-        // `prev`, left runnable, gave the CPU to the thread it has just woken: a handoff if
-        // that one keeps it until `prev` gets it back.
-        if p.state == ThreadState::Runnable as u32
-            && n.flags & FLAG_WOKEN != 0
-            && n.state == ThreadState::Runnable as u32
-            && n.waker_tid == sw.prev_pid
-        {
-            p.flags |= FLAG_HANDOFF;
+    match (prev, next.as_deref_mut()) {
+        (Some(p), Some(n)) => {
+            // `prev`, left runnable, gave the CPU to the thread it has just woken: a handoff
+            // if that one keeps it until `prev` gets it back.
+            if p.state == ThreadState::Runnable as u32
+                && n.flags & FLAG_WOKEN != 0
+                && n.state == ThreadState::Runnable as u32
+                && n.waker_tid == sw.prev_pid
+            {
+                p.flags |= FLAG_HANDOFF;
+            }
+            // `prev` blocks as `next`'s partner: the part of `next`'s wait since `prev` began
+            // its slice is a handoff. Nor where `prev`'s slice began before the recording
+            // (its start 0: the whole wait would have counted).
+            if blocks(sw) && p.slice_start_ns != 0 && linked(n, sw.prev_pid, p.waker_tid == n.tid) {
+                n.flags |= FLAG_PARTNER;
+                n.partner_since_ns = p.slice_start_ns;
+            }
         }
-        // `prev` blocks as `next`'s partner: the part of `next`'s wait since `prev` began its
-        // slice is a handoff. Where the tracepoint does not say whether `prev` blocked (tp_btf
-        // before Linux 5.18), no wait is one; nor where `prev`'s slice began before the
-        // recording (its start 0: the whole wait would have counted).
-        if !sw.preempt
-            && sw.prev_state != 0
-            && sw.prev_state != STATE_UNKNOWN
-            && p.slice_start_ns != 0
-            && linked(n, sw.prev_pid, p.waker_tid)
-        {
-            n.flags |= FLAG_PARTNER;
-            n.partner_since_ns = p.slice_start_ns;
+        // The same with a partner outside the target (a client or a front end the target set
+        // leaves out), which has no entry: `prev` woke it (`woke_tid`), and its slice began at
+        // the CPU's last timed switch (`CpuWait::switched_ns`; one before the wait began is
+        // cut to the wait at the switch-in).
+        (Some(p), None) if !sw.next_target => {
+            if p.state == ThreadState::Runnable as u32
+                && p.woke_tid != 0
+                && p.woke_tid == untracked_next_pid(sw)
+            {
+                p.flags |= FLAG_HANDOFF;
+            }
         }
+        // A kernel thread that woke `next` and ran on (a worker going through its queue) is
+        // no partner in an exchange.
+        (None, Some(n)) if !sw.prev_target => {
+            let woken = if n.waker_flags & WAKER_KTHREAD == 0 {
+                linked(n, sw.prev_pid, n.woke_tid == sw.prev_pid)
+            } else {
+                n.flags & FLAG_HANDOFF != 0 && n.woke_tid == sw.prev_pid
+            };
+            if blocks(sw)
+                && woken
+                && let Some(w) = wait
+                && unsafe { (*w).switched_ns } != 0
+            {
+                n.flags |= FLAG_PARTNER;
+                n.partner_since_ns = unsafe { (*w).switched_ns };
+            }
+        }
+        _ => {}
     }
     if let Some(t) = next {
         switch_in(t, cpu, now, sw, &mut out);
     }
+    if let Some(w) = wait {
+        // SAFETY: this CPU's entry; only programs on this CPU, with interrupts off, write it.
+        unsafe {
+            (*w).switched_ns = now;
+            (*w).running_tid = if sw.next_target { sw.next_pid } else { 0 };
+            (*w).running_tgid = sw.next_tgid;
+        }
+    }
     out.age(sw.next_pid == 0 && sends_when_idle(cpu));
 }
 
-/// Whether `prev` (TID `prev_pid`, woken last by `prev_waker`), blocking as `t` gets the CPU,
-/// is the thread `t` exchanges work with: `t` had woken it and was preempted by it
+/// The TID of the task switching in, when it is outside the target: tp_btf's `Switch` leaves
+/// it 0 then (a load every switch would pay for), so it is read from the task here, only when
+/// needed.
+#[inline(always)]
+fn untracked_next_pid(sw: &Switch) -> u32 {
+    if sw.next_pid != 0 || sw.next_task.is_null() {
+        return sw.next_pid;
+    }
+    // SAFETY: the tracepoint's own task argument, typed (BTF), at the pid's offset, as
+    // tp_btf.rs reads it.
+    unsafe {
+        core::ptr::read_volatile(sw.next_task.add(config!(task_pid_off) as usize) as *const u32)
+    }
+}
+
+/// Whether the task switching out blocks (where the tracepoint says: not on tp_btf before
+/// Linux 5.18, where no wait is a handoff).
+#[inline(always)]
+fn blocks(sw: &Switch) -> bool {
+    !sw.preempt && sw.prev_state != 0 && sw.prev_state != STATE_UNKNOWN
+}
+
+/// Whether `prev` (TID `prev_pid`, which `t` woke last if `woken_by_t`), blocking as `t` gets
+/// the CPU, is the task `t` exchanges work with: `t` had woken it and was preempted by it
 /// (`FLAG_HANDOFF`), or it had woken `t` here and kept running (`FLAG_WOKEN`: a sync wakeup
 /// puts the wakee on the waker's CPU, and a socket's reader wakes its writer). Then the part
 /// of `t`'s wait that `prev`'s last slice covers is a handoff (`wait_kind_bits`): the exchange
 /// itself, not a CPU denied, as `t` gets the CPU when its partner blocks, once its part is
 /// done. A partner preempted at the end (a busy thread that woke `t` and ran on) is none.
 #[inline(always)]
-fn linked(t: &ThreadStats, prev_pid: u32, prev_waker: u32) -> bool {
-    (t.flags & FLAG_HANDOFF != 0 && prev_waker == t.tid)
+fn linked(t: &ThreadStats, prev_pid: u32, woken_by_t: bool) -> bool {
+    (t.flags & FLAG_HANDOFF != 0 && woken_by_t)
         || (t.flags & FLAG_WOKEN != 0 && t.waker_tid == prev_pid)
 }
 
@@ -364,6 +420,8 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     t.flags &= !FLAG_RUNNABLE_UNSURE;
+    // A new slice: what it wakes is noted afresh (`woke_tid`).
+    t.woke_tid = 0;
     let counts = counts_of(sw.next_task);
     if let Some(c) = counts.as_ref()
         && !counts_agree(t, c)

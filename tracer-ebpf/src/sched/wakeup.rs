@@ -13,7 +13,7 @@ use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unse
 use super::cpu_wait::{stop_waiting, waiter_add};
 use super::throttle::note_throttle_base;
 use super::{BPF_NOEXIST, Clock, Comm, enter, event, leave, read_comm, thread};
-use crate::maps::{Batch, WAKERS, config, count};
+use crate::maps::{Batch, CPU_WAIT, WAKERS, config, count};
 use crate::zero::zero_words;
 use core::mem::offset_of;
 
@@ -117,6 +117,26 @@ pub fn on_waking(
     noted(t);
     t.waker_syscall = syscall;
     t.waker_flags |= WAKER_PENDING;
+}
+
+/// `sched_waking` on `cpu` of a task outside the target (TID `wakee`): if `current` is a
+/// target thread (`CpuWait::running_tid`, kept by the switch programs: `current`'s ids from a
+/// helper would cost every wakeup of the host a call), the task it woke in this slice, its
+/// partner should that task take the CPU from it and block as it gets the CPU back
+/// (`FLAG_HANDOFF`). The wakee has no entry to note its waker in, so the waker notes its wakee.
+#[inline(always)]
+pub fn on_waking_other(cpu: u32, wakee: u32) {
+    let Some(w) = CPU_WAIT.get_ptr(cpu) else {
+        return;
+    };
+    // SAFETY: an entry of the array; a stale read is a wakee noted or missed, nothing more.
+    let (tid, tgid) = unsafe { ((*w).running_tid, (*w).running_tgid) };
+    if tid == 0 {
+        return;
+    }
+    if let Some(t) = thread(tid, tgid, Comm::Current) {
+        t.woke_tid = wakee;
+    }
 }
 
 /// `WAKER_*` flags of a waker with TID `tid` and `task_struct.flags` `flags`.
