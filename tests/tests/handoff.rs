@@ -65,14 +65,20 @@ fn quiet_cpu0() -> bool {
     (busy() - before) * 10 < ticks * 3
 }
 
+/// The Python the workloads run on, or None (said) where there is none.
+fn python() -> Option<&'static str> {
+    let py = "/usr/bin/python3";
+    let found = std::path::Path::new(py).exists();
+    if !found {
+        eprintln!("skipped: no {py}");
+    }
+    found.then_some(py)
+}
+
 /// Starts the RPC and lets it settle: the process group, the front end's TID and the engine's
 /// PID; None (said) where there is no Python.
 fn start_rpc() -> Option<(Kill, u32, u32)> {
-    let py = "/usr/bin/python3";
-    if !std::path::Path::new(py).exists() {
-        eprintln!("skipped: no {py}");
-        return None;
-    }
+    let py = python()?;
     let mut k = Kill::group(
         Command::new(py)
             .args(["-c", RPC])
@@ -232,10 +238,63 @@ fn a_partner_outside_the_target_set_is_a_partner_too() {
     // spin delaying a wakeup from the front end's sleep (real contention, the engine may be
     // named for it, at its own size), the tracer and kernel threads. The build before put
     // nearly all of it there (583 of 597 ms).
+    // (On a quiet CPU: a busy one adds contention by what keeps it busy, rightly.)
     assert!(
-        u(&classes["contention_ns"]) * 10 <= runq,
+        u(&classes["contention_ns"]) * 10 <= runq || !quiet_cpu0(),
         "contention {} of {runq} ns",
         classes["contention_ns"]
     );
     drop(k);
+}
+
+/// A neighbour that spins 1 ms and sleeps 4 ms beside a busy target thread on CPU 0: its timer
+/// fires while the target runs, so `sched_waking` names the target (the task the interrupt
+/// found) as the neighbour's waker; the neighbour then takes the CPU and blocks as the target
+/// gets it back. That is contention, the most common kind: an outside task is a partner only
+/// if each woke the other last, which an interrupt does not make true (a first version called
+/// 540 of 559 ms of it handoffs, and the verdict `none`).
+#[test]
+fn a_bursty_neighbour_woken_by_its_timer_is_contention_not_a_partner() {
+    let _guard = serial();
+    require_root();
+    let Some(py) = python() else {
+        return;
+    };
+    let burst = "import os, time\n\
+os.sched_setaffinity(0, {0})\n\
+while True:\n\
+\x20   t = time.perf_counter()\n\
+\x20   while time.perf_counter() - t < 0.001: pass\n\
+\x20   time.sleep(0.004)\n";
+    let neighbour = Kill::group(Command::new(py).args(["-c", burst]));
+    let busy =
+        Kill::group(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let doc = attach_json(busy.id(), "3s");
+    let t = &doc["threads"][0];
+    let (runq, classes) = (u(&t["runq_wait_ns"]), &t["wait_classes"]);
+    // About 600 bursts of 1 ms in 3 s: most of the busy loop's run-queue wait.
+    assert!(runq >= 200_000_000, "run-queue wait {runq} ns: {classes}");
+    assert!(
+        u(&classes["handoff_ns"]) * 20 <= runq && u(&classes["contention_ns"]) * 2 >= runq,
+        "{classes}"
+    );
+    let v = &doc["verdict"];
+    assert_eq!(v["primary"], "scheduling", "{v:#}");
+    let named = v["causes"].as_array().unwrap().iter().any(|c| {
+        c["mechanism_id"] == "run_queue_contention"
+            && c["mechanism_data"]["by"].as_array().is_some_and(|by| {
+                by.iter().any(|b| {
+                    b["pids"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&neighbour.id().into())
+                })
+            })
+    });
+    assert!(
+        named,
+        "the neighbour (PID {}) is not named: {v:#}",
+        neighbour.id()
+    );
 }

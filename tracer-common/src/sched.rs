@@ -317,15 +317,13 @@ pub struct ChildProcess {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuWait {
     pub waiters: u32,
-    /// The target thread on the CPU as of its last timed switch (0: none), and its process:
-    /// every switch to or from a target thread is timed, so this is `current`'s, for the
-    /// wakeups it makes (`sched_waking`) without a helper call at every wakeup of the host.
+    /// The target thread on the CPU as of its last timed switch (0: none): every switch to or
+    /// from a target thread is timed, so this is `current`'s, for the wakeups it makes
+    /// (`sched_waking`) without a helper call at every wakeup of the host.
     pub running_tid: u32,
     pub since_ns: u64,
     pub pending_ns: u64,
     pub switched_ns: u64,
-    pub running_tgid: u32,
-    pub _pad: u32,
 }
 
 /// Tasks the PID namespace iterator can list (tracer-ebpf `pidns.rs`).

@@ -70,6 +70,18 @@ fn init(t: &mut ThreadStats, tid: u32, tgid: u32, comm: Comm) {
     }
 }
 
+/// The thread's entry if it has one (its slot, else the hash map); none is made.
+#[inline(always)]
+pub(super) fn existing(tid: u32) -> Option<&'static mut ThreadStats> {
+    if let Some(s) = THREAD_SLOTS.get_ptr_mut(tid & config!(thread_slot_mask)) {
+        let s = unsafe { &mut *s };
+        if s.tid == tid {
+            return Some(s);
+        }
+    }
+    THREADS.get_ptr_mut(tid).map(|t| unsafe { &mut *t })
+}
+
 /// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
 #[inline(always)]
 pub(super) fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {

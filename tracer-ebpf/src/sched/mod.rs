@@ -39,7 +39,7 @@ use counts::{
 };
 use cpu_wait::{owed, waiter_add, waiter_remove};
 pub use entry::Comm;
-use entry::{read_comm, thread};
+use entry::{existing, read_comm, thread};
 pub use lifecycle::{
     on_cgroup_attach, on_exec, on_migrate, on_process_fork, on_thread_exit, on_thread_new,
 };
@@ -297,16 +297,16 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
                 p.flags |= FLAG_HANDOFF;
             }
         }
-        // A kernel thread that woke `next` and ran on (a worker going through its queue) is
-        // no partner in an exchange.
+        // An outside task is a partner only if each woke the other last: `sched_waking` in an
+        // interrupt names whatever task it interrupted as the waker, and a neighbour whose
+        // timer fires while `next` runs (or that runs while `next`'s timer fires) would
+        // otherwise pass for one, its bursts for handoffs. A kernel thread is none.
         (None, Some(n)) if !sw.prev_target => {
-            let woken = if n.waker_flags & WAKER_KTHREAD == 0 {
-                linked(n, sw.prev_pid, n.woke_tid == sw.prev_pid)
-            } else {
-                n.flags & FLAG_HANDOFF != 0 && n.woke_tid == sw.prev_pid
-            };
             if blocks(sw)
-                && woken
+                && n.flags & (FLAG_HANDOFF | FLAG_WOKEN) != 0
+                && n.woke_tid == sw.prev_pid
+                && n.waker_tid == sw.prev_pid
+                && n.waker_flags & WAKER_KTHREAD == 0
                 && let Some(w) = wait
                 && unsafe { (*w).switched_ns } != 0
             {
@@ -320,11 +320,11 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
         switch_in(t, cpu, now, sw, &mut out);
     }
     if let Some(w) = wait {
-        // SAFETY: this CPU's entry; only programs on this CPU, with interrupts off, write it.
+        // SAFETY: this CPU's entry. Other CPUs' wakeups update its waiters (`waiter_add`); only
+        // this CPU's switches write these three fields.
         unsafe {
             (*w).switched_ns = now;
             (*w).running_tid = if sw.next_target { sw.next_pid } else { 0 };
-            (*w).running_tgid = sw.next_tgid;
         }
     }
     out.age(sw.next_pid == 0 && sends_when_idle(cpu));
@@ -420,7 +420,8 @@ fn switch_out(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Ba
 #[inline(always)]
 fn switch_in(t: &mut ThreadStats, cpu: u32, now: u64, sw: &Switch, out: &mut Batch) {
     t.flags &= !FLAG_RUNNABLE_UNSURE;
-    // A new slice: what it wakes is noted afresh (`woke_tid`).
+    // A new slice: what it wakes is noted afresh (`woke_tid`: kept through the wait that
+    // follows it, where the partner is checked).
     t.woke_tid = 0;
     let counts = counts_of(sw.next_task);
     if let Some(c) = counts.as_ref()

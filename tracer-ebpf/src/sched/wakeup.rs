@@ -12,7 +12,7 @@ use tracer_common::{
 use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unseen};
 use super::cpu_wait::{stop_waiting, waiter_add};
 use super::throttle::note_throttle_base;
-use super::{BPF_NOEXIST, Clock, Comm, enter, event, leave, read_comm, thread};
+use super::{BPF_NOEXIST, Clock, Comm, enter, event, existing, leave, read_comm, thread};
 use crate::maps::{Batch, CPU_WAIT, WAKERS, config, count};
 use crate::zero::zero_words;
 use core::mem::offset_of;
@@ -129,12 +129,12 @@ pub fn on_waking_other(cpu: u32, wakee: u32) {
     let Some(w) = CPU_WAIT.get_ptr(cpu) else {
         return;
     };
-    // SAFETY: an entry of the array; a stale read is a wakee noted or missed, nothing more.
-    let (tid, tgid) = unsafe { ((*w).running_tid, (*w).running_tgid) };
-    if tid == 0 {
-        return;
-    }
-    if let Some(t) = thread(tid, tgid, Comm::Current) {
+    // SAFETY: this CPU's entry, whose running thread only this CPU's switches write.
+    let tid = unsafe { (*w).running_tid };
+    // Found, not made: the running thread's switch-in made its entry, unless its map was full.
+    if tid != 0
+        && let Some(t) = existing(tid)
+    {
         t.woke_tid = wakee;
     }
 }

@@ -21,7 +21,7 @@ pub enum WaitKind {
     /// The CPU was idle when the thread got it: the thread could not run although a CPU was
     /// free (its cgroup was throttled), or the idle CPU took long to wake.
     IdleCpu,
-    /// A handoff: the thread waited behind the thread it exchanges work with, which held the
+    /// A handoff: the thread waited behind the task it exchanges work with, which held the
     /// CPU until it blocked: one it had just woken and was preempted by (a request passed to
     /// a worker or another process on the same CPU), or the one that had woken it on its own
     /// CPU and ran on (a sync wakeup; a socket's reader wakes its writer). The wait is the
@@ -82,7 +82,7 @@ pub struct WaitClasses {
     /// The waits with such a part.
     #[serde(default)]
     pub throttled_waits: u64,
-    /// Handoffs: waits behind the thread it exchanges work with, until that one blocked
+    /// Handoffs: waits behind the task it exchanges work with, until that one blocked
     /// (`WaitKind::Handoff`): the part its partner held the CPU (the rest, behind other tasks,
     /// is in `contention_ns`, the wait counted here). Recordings from before the kernel said
     /// have none.

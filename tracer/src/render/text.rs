@@ -112,7 +112,7 @@ fn header(out: &mut String, s: &Summary) {
     if h.handoff_waits > 0 {
         let _ = writeln!(
             out,
-            "    of which {} in {} handoffs: behind the thread it exchanges work with (one it woke, or its waker) until that one blocked; the exchange, not a CPU denied",
+            "    of which {} in {} handoffs: behind the task it exchanges work with (one it woke, or its waker) until that one blocked; the exchange, not a CPU denied",
             dur(h.handoff_ns),
             h.handoff_waits
         );
