@@ -247,12 +247,15 @@ fn a_partner_outside_the_target_set_is_a_partner_too() {
     drop(k);
 }
 
-/// A neighbour that spins 1 ms and sleeps 4 ms beside a busy target thread on CPU 0: its timer
-/// fires while the target runs, so `sched_waking` names the target (the task the interrupt
-/// found) as the neighbour's waker; the neighbour then takes the CPU and blocks as the target
-/// gets it back. That is contention, the most common kind: an outside task is a partner only
-/// if each woke the other last, which an interrupt does not make true (a first version called
-/// 540 of 559 ms of it handoffs, and the verdict `none`).
+/// A neighbour that spins 1 ms and sleeps 4 ms beside a target that spins 50 ms and sleeps 1 ms,
+/// both on CPU 0: the neighbour's timer fires while the target runs, so `sched_waking` names
+/// the target (the task the interrupt found) as the neighbour's waker, and the target's own
+/// timer, when it fires during a burst, names the neighbour as the target's; the neighbour then
+/// takes the CPU and blocks as the target gets it back. That is contention, the most common
+/// kind. A first version took the one wakeup as a partnership (540 of 559 ms of handoffs
+/// beside a busy loop, the verdict `none`); asking for the wakeups both ways still took 27-29 %
+/// of the waits here (the target's last waker stays the neighbour until it blocks again). A
+/// task blocking in a sleep it asked for is no partner.
 #[test]
 fn a_bursty_neighbour_woken_by_its_timer_is_contention_not_a_partner() {
     let _guard = serial();
@@ -260,15 +263,18 @@ fn a_bursty_neighbour_woken_by_its_timer_is_contention_not_a_partner() {
     let Some(py) = python() else {
         return;
     };
-    let burst = "import os, time\n\
-os.sched_setaffinity(0, {0})\n\
+    let burst = |spin: &str, sleep: &str| {
+        format!(
+            "import os, time\n\
+os.sched_setaffinity(0, {{0}})\n\
 while True:\n\
 \x20   t = time.perf_counter()\n\
-\x20   while time.perf_counter() - t < 0.001: pass\n\
-\x20   time.sleep(0.004)\n";
-    let neighbour = Kill::group(Command::new(py).args(["-c", burst]));
-    let busy =
-        Kill::group(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]));
+\x20   while time.perf_counter() - t < {spin}: pass\n\
+\x20   time.sleep({sleep})\n"
+        )
+    };
+    let neighbour = Kill::group(Command::new(py).args(["-c", &burst("0.001", "0.004")]));
+    let busy = Kill::group(Command::new(py).args(["-c", &burst("0.05", "0.001")]));
     std::thread::sleep(Duration::from_millis(300));
     let doc = attach_json(busy.id(), "3s");
     let t = &doc["threads"][0];

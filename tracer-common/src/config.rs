@@ -105,6 +105,11 @@ pub struct Config {
     /// from BTF; `u32::MAX` when unknown. Read from a blocked wakee's saved registers
     /// (`bpf_task_pt_regs`, Linux 5.15+): what it was blocked in (a futex, a poll, a read).
     pub regs_syscall_off: u32,
+    /// The system calls of a sleep a thread asks for (nanosleep, clock_nanosleep; `u32::MAX`:
+    /// none): a task outside the target that blocks in one is waiting for its own timer, not
+    /// for a target thread's answer, so it is no handoff partner (an interrupt can make it
+    /// look woken by one: `sched/mod.rs`).
+    pub sleep_syscalls: [u32; 2],
     /// `task_struct.on_rq`, from BTF: 0 once a task that blocks has been taken off its run
     /// queue, which `sched_switch` without `prev_state` (before Linux 5.18) tells a blocking
     /// switch by when the task's own switch counters were not read yet.
@@ -170,6 +175,7 @@ impl Config {
             root_hierarchy_off: 0,
             task_flags_off: 0,
             regs_syscall_off: u32::MAX,
+            sleep_syscalls: [u32::MAX; 2],
             task_on_rq_off: 0,
             debug_bpf: 0,
         }

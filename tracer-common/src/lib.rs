@@ -75,7 +75,7 @@ mod tests {
             core::mem::size_of::<WakerStats>(),
             4 + 4 + 16 + 8 * 3 + 4 * RUNQ_HIST_SLOTS
         );
-        assert_eq!(core::mem::size_of::<Config>(), 53 * 4);
+        assert_eq!(core::mem::size_of::<Config>(), 55 * 4);
         assert_eq!(core::mem::size_of::<BatchBuf>(), 16 + BATCH_BYTES);
         assert_eq!(core::mem::size_of::<CounterSlice>(), 32 + 8 * PERF_SLOTS);
         assert_eq!(core::mem::size_of::<CudaThread>(), 72);

@@ -297,16 +297,19 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
                 p.flags |= FLAG_HANDOFF;
             }
         }
-        // An outside task is a partner only if each woke the other last: `sched_waking` in an
-        // interrupt names whatever task it interrupted as the waker, and a neighbour whose
-        // timer fires while `next` runs (or that runs while `next`'s timer fires) would
-        // otherwise pass for one, its bursts for handoffs. A kernel thread is none.
+        // An outside task is a partner only if each woke the other last, and not if it blocks
+        // in a sleep it asked for: `sched_waking` in an interrupt names whatever task it
+        // interrupted as the waker, and a neighbour whose timer fires while `next` runs (or
+        // that runs while `next`'s timer fires, its waker then for as long as `next` does not
+        // block again) would otherwise pass for one, its bursts for handoffs. Nor is a kernel
+        // thread one.
         (None, Some(n)) if !sw.prev_target => {
             if blocks(sw)
                 && n.flags & (FLAG_HANDOFF | FLAG_WOKEN) != 0
                 && n.woke_tid == sw.prev_pid
                 && n.waker_tid == sw.prev_pid
                 && n.waker_flags & WAKER_KTHREAD == 0
+                && !asleep(sw.prev_task)
                 && let Some(w) = wait
                 && unsafe { (*w).switched_ns } != 0
             {
@@ -343,6 +346,28 @@ fn untracked_next_pid(sw: &Switch) -> u32 {
     unsafe {
         core::ptr::read_volatile(sw.next_task.add(config!(task_pid_off) as usize) as *const u32)
     }
+}
+
+/// Whether `task` (a `task_struct` the verifier knows the type of; null for classic
+/// tracepoints, which then cannot tell) is in a sleep it asked for (`Config::sleep_syscalls`),
+/// from its saved registers (Linux 5.15+). A helper call, made only for an outside task found to
+/// be a partner otherwise.
+#[inline(always)]
+fn asleep(task: *const u8) -> bool {
+    let off = config!(regs_syscall_off);
+    // The offset is a constant for the verifier: before 5.15, which lacks the helper, the
+    // call below is never reached (as in `sched_waking_btf`).
+    if task.is_null() || off == u32::MAX {
+        return false;
+    }
+    let regs = unsafe { generated::bpf_task_pt_regs(task as *mut _) } as *const u8;
+    if regs.is_null() {
+        return false;
+    }
+    // SAFETY: the helper's typed `pt_regs`, at the system call number's offset (BTF).
+    let nr = unsafe { core::ptr::read_volatile(regs.add(off as usize) as *const u64) } as u32;
+    let sleeps = config!(sleep_syscalls);
+    nr == sleeps[0] || nr == sleeps[1]
 }
 
 /// Whether the task switching out blocks (where the tracepoint says: not on tp_btf before

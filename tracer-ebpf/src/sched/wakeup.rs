@@ -132,8 +132,12 @@ pub fn on_waking_other(cpu: u32, wakee: u32) {
     // SAFETY: this CPU's entry, whose running thread only this CPU's switches write.
     let tid = unsafe { (*w).running_tid };
     // Found, not made: the running thread's switch-in made its entry, unless its map was full.
+    // And still running here: a thread that left the target set without a switch the
+    // programs timed is not `current` any more.
     if tid != 0
         && let Some(t) = existing(tid)
+        && t.state == ThreadState::Running as u32
+        && t.last_cpu == cpu
     {
         t.woke_tid = wakee;
     }

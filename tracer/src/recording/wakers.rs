@@ -116,6 +116,17 @@ pub enum BlockedIn {
 }
 
 impl BlockedIn {
+    /// The numbers of the sleeps a thread asks for (`Sleep`), for the kernel side
+    /// (`Config::sleep_syscalls`; `u32::MAX` fills what is left).
+    pub fn sleep_numbers() -> [u32; 2] {
+        let mut out = [u32::MAX; 2];
+        let sleeps = Self::TABLE.iter().filter(|(_, b)| *b == Self::Sleep);
+        for (slot, (nr, _)) in out.iter_mut().zip(sleeps) {
+            *slot = *nr;
+        }
+        out
+    }
+
     /// System call numbers of this architecture (arch/*/entry/syscalls, include/uapi/asm-generic
     /// unistd.h).
     #[cfg(target_arch = "x86_64")]

@@ -175,6 +175,7 @@ impl TaskOffsets {
         config.task_flags_off = self.flags;
         config.task_on_rq_off = self.on_rq;
         config.regs_syscall_off = self.regs_syscall.unwrap_or(u32::MAX);
+        config.sleep_syscalls = crate::recording::wakers::BlockedIn::sleep_numbers();
         if let Some([kn, id, root, hierarchy]) = self.cgroup {
             config.cgroup_kn_off = kn;
             config.kernfs_id_off = id;
