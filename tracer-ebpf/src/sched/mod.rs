@@ -324,7 +324,7 @@ pub fn on_switch(cpu: u32, sw: &Switch, clock: impl Clock) {
     }
     if let Some(w) = wait {
         // SAFETY: this CPU's entry. Other CPUs' wakeups update its waiters (`waiter_add`); only
-        // this CPU's switches write these three fields.
+        // this CPU's switches write these two fields.
         unsafe {
             (*w).switched_ns = now;
             (*w).running_tid = if sw.next_target { sw.next_pid } else { 0 };

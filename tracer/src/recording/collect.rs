@@ -69,8 +69,7 @@ impl Collector {
                         if let Some(kind) = WaitKind::of(&ev) {
                             t.classes.add(kind, ev.value, ev.part_ns());
                             if kind == WaitKind::Handoff {
-                                *self.handoffs.entry(ev.aux).or_default() +=
-                                    ev.part_ns().min(ev.value);
+                                *self.handoffs.entry(ev.aux).or_default() += ev.handoff_ns();
                             }
                         }
                     }
