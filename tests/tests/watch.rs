@@ -116,7 +116,12 @@ fn consecutive_windows_add_up_to_the_whole_run_exactly() {
         // Each window checks itself against the threads' own /proc counts at its edges.
         let check = &w["self_check"];
         assert!(u(&check["threads_checked"]) >= 4, "{check}");
-        assert_eq!(check["disagreements"], serde_json::json!([]), "window {i}");
+        assert_eq!(
+            check["disagreements"],
+            serde_json::json!([]),
+            "window {i}; steal: {}",
+            w["cpu_steal"]
+        );
     }
     let threads = whole["threads"].as_array().unwrap();
     assert!(threads.len() >= 4);
