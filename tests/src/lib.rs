@@ -522,9 +522,11 @@ pub fn tracer_programs() -> Vec<String> {
         .filter_map(|p| p["name"].as_str())
         .filter(|n| {
             n.ends_with("_btf")
-                || ["sched_", "cuda_", "task_", "request_", "gc_"]
-                    .iter()
-                    .any(|p| n.starts_with(p))
+                || [
+                    "sched_", "cuda_", "task_", "request_", "gc_", "irq_", "hrtimer_", "timer_",
+                ]
+                .iter()
+                .any(|p| n.starts_with(p))
         })
         .map(String::from)
         .collect();

@@ -47,7 +47,7 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         // The kernel and userspace agree on these sizes only if no implicit padding creeps in.
         assert_eq!(core::mem::size_of::<Event>(), 32);
-        assert_eq!(core::mem::size_of::<CpuWait>(), 32);
+        assert_eq!(core::mem::size_of::<CpuWait>(), 40);
         assert_eq!(core::mem::size_of::<MigrationKey>(), 16);
         assert_eq!(core::mem::size_of::<Preemptor>(), 56);
         assert_eq!(core::mem::size_of::<ChildProcess>(), 32);

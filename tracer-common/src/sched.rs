@@ -324,7 +324,18 @@ pub struct CpuWait {
     pub since_ns: u64,
     pub pending_ns: u64,
     pub switched_ns: u64,
+    /// The kinds of timer callback and device interrupt handler the CPU is in, a bit each
+    /// (`IRQ_*`), from their tracepoints (tracer-ebpf `irq.rs`): a wakeup made in one is no
+    /// task's doing.
+    pub irq_bits: u32,
+    pub _pad: u32,
 }
+
+/// `CpuWait::irq_bits`: in a device's interrupt handler, an hrtimer callback, a timer-wheel
+/// callback.
+pub const IRQ_HANDLER: u32 = 1;
+pub const IRQ_HRTIMER: u32 = 2;
+pub const IRQ_TIMER: u32 = 4;
 
 /// Tasks the PID namespace iterator can list (tracer-ebpf `pidns.rs`).
 pub const MAX_PIDNS_TASKS: u32 = 1 << 18;

@@ -117,18 +117,21 @@ fn wakeup(ctx: &TracePointContext, new: bool) {
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn sched_waking_tp(ctx: TracePointContext) -> u32 {
     let tid = read_u32(&ctx, config!(wakeup_pid_off));
+    let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(tgid) = target_tgid_of(tid) else {
         // A task outside the target, woken by one of its threads: noted in the waker's entry.
-        sched::on_waking_other(unsafe { bpf_get_smp_processor_id() }, tid);
+        sched::on_waking_other(cpu, tid);
         return 0;
     };
-    sched::on_waking(
-        tid,
-        tgid,
-        field(&ctx, config!(wakeup_comm_off)),
-        0,
-        sched::note_current_waker,
-    );
+    // A timer's or a device's: the task it hit is no waker (irq.rs).
+    let irq = sched::in_interrupt(cpu);
+    sched::on_waking(tid, tgid, field(&ctx, config!(wakeup_comm_off)), 0, |t| {
+        if irq {
+            sched::note_interrupt_waker(t)
+        } else {
+            sched::note_current_waker(t)
+        }
+    });
     0
 }
 

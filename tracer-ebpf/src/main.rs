@@ -27,6 +27,8 @@ mod cuda;
 #[cfg(target_arch = "bpf")]
 mod floor;
 #[cfg(target_arch = "bpf")]
+mod irq;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod pauses;

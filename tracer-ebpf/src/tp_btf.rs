@@ -150,18 +150,25 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
 #[btf_tracepoint(function = "sched_waking")]
 pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
     let p: *const u8 = ctx.arg(0);
+    let cpu = unsafe { bpf_get_smp_processor_id() };
     if !is_target(tgid_of(p)) {
         // A task outside the target, woken by one of its threads: noted in the waker's entry.
-        sched::on_waking_other(unsafe { bpf_get_smp_processor_id() }, pid_of(p));
+        sched::on_waking_other(cpu, pid_of(p));
         return 0;
     }
+    // A timer's or a device's: the task it hit is no waker (irq.rs).
+    let irq = sched::in_interrupt(cpu);
     let regs_off = config!(regs_syscall_off);
     if regs_off == u32::MAX {
         // Before Linux 5.15: the waker from helpers, the syscall unknown. (The verifier never
         // reaches the branch below then: the offset is a constant, and the helpers it calls
         // do not exist.)
         sched::on_waking(pid_of(p), tgid_of(p), comm_of(p), 0, |t| {
-            sched::note_current_waker(t)
+            if irq {
+                sched::note_interrupt_waker(t)
+            } else {
+                sched::note_current_waker(t)
+            }
         });
         return 0;
     }
@@ -178,6 +185,10 @@ pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
         comm_of(p),
         syscall.wrapping_add(1),
         |t| {
+            if irq {
+                sched::note_interrupt_waker(t);
+                return;
+            }
             t.waker_tid = pid_of(cur);
             t.waker_tgid = tgid_of(cur);
             t.waker_flags = sched::waker_flags(t.waker_tid, read_u32(cur, config!(task_flags_off)));

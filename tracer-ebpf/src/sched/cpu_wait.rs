@@ -16,6 +16,27 @@ pub(super) fn stop_waiting(t: &mut ThreadStats, now: u64) {
     t.wait_cpu = NO_CPU;
 }
 
+/// A timer callback or device interrupt handler of `kind` (`IRQ_*`) began (`inside`) or
+/// ended on `cpu` (`irq.rs`).
+#[inline(always)]
+pub fn mark_interrupt(cpu: u32, kind: u32, inside: bool) {
+    if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
+        // SAFETY: this CPU's entry, whose marks only this CPU writes.
+        let bits = unsafe { &mut (*w).irq_bits };
+        *bits = if inside { *bits | kind } else { *bits & !kind };
+    }
+}
+
+/// Whether `cpu` is in a timer callback or device interrupt handler: a wakeup it makes now is
+/// no task's doing.
+#[inline(always)]
+pub fn in_interrupt(cpu: u32) -> bool {
+    // SAFETY: a read of this CPU's entry.
+    CPU_WAIT
+        .get_ptr(cpu)
+        .is_some_and(|w| unsafe { (*w).irq_bits } != 0)
+}
+
 /// Folds the target-waiting time on `w` up to `now` into `pending_ns`.
 #[inline(always)]
 fn settle(w: &mut CpuWait, now: u64) {

@@ -124,6 +124,7 @@ pub fn on_waking(
 /// helper would cost every wakeup of the host a call), the task it woke in this slice, its
 /// partner should that task take the CPU from it and block as it gets the CPU back
 /// (`FLAG_HANDOFF`). The wakee has no entry to note its waker in, so the waker notes its wakee.
+/// Not in a timer callback or device interrupt, which only happened to hit `current`.
 #[inline(always)]
 pub fn on_waking_other(cpu: u32, wakee: u32) {
     let Some(w) = CPU_WAIT.get_ptr(cpu) else {
@@ -138,6 +139,8 @@ pub fn on_waking_other(cpu: u32, wakee: u32) {
         && let Some(t) = existing(tid)
         && t.state == ThreadState::Running as u32
         && t.last_cpu == cpu
+        // SAFETY: this CPU's entry, whose marks only this CPU writes.
+        && unsafe { (*w).irq_bits } == 0
     {
         t.woke_tid = wakee;
     }
@@ -154,6 +157,16 @@ pub fn waker_flags(tid: u32, flags: u32) -> u32 {
         f |= WAKER_KTHREAD;
     }
     f
+}
+
+/// Notes an interrupt as the waker of `t`: no task, as for a wakeup on an idle CPU; the task
+/// the interrupt hit did not ask for it.
+#[inline(always)]
+pub fn note_interrupt_waker(t: &mut ThreadStats) {
+    t.waker_tid = 0;
+    t.waker_tgid = 0;
+    t.waker_flags = WAKER_IDLE;
+    t.waker_comm = [0; 16];
 }
 
 /// Notes `current` as the waker of `t` with helpers, where no typed `current` can be had

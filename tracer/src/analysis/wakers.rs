@@ -30,7 +30,8 @@ pub enum WakerKind {
     OtherProcess,
     /// A kernel thread (kworker, ksoftirqd, an interrupt thread).
     KernelThread,
-    /// An interrupt on an idle CPU (the idle task was current): a timer, I/O completion.
+    /// An interrupt: on an idle CPU (the idle task was current), or a device's interrupt
+    /// handler or a timer's callback (a timeout) that hit a running task, which is not named.
     Interrupt,
     /// The GPU driver's completion path: an interrupt or kernel thread ended a wait in the
     /// driver (ioctl or poll) of a thread that makes synchronizing CUDA calls.
@@ -54,7 +55,7 @@ impl WakerRef {
     pub fn describe(&self) -> String {
         let comm = printable(&self.comm);
         match self.kind {
-            WakerKind::Interrupt => "an interrupt (the CPU was idle)".into(),
+            WakerKind::Interrupt => "an interrupt (a timeout, a device, an idle CPU's)".into(),
             WakerKind::GpuDriver => "the GPU driver (its completion interrupt)".into(),
             WakerKind::Timer => "its own timer (a sleep it asked for)".into(),
             WakerKind::KernelThread => format!("{comm} (kernel thread)"),

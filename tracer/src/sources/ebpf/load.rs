@@ -454,6 +454,7 @@ fn load_programs(ebpf: &mut Ebpf, mode: ProbeMode, btf: Option<&Btf>) -> Result<
             }
         }
     }
+    super::irq::load(ebpf)?;
     Ok(switch)
 }
 

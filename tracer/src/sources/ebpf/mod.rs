@@ -7,6 +7,7 @@ pub mod cuda;
 mod debug_log;
 mod elf;
 pub mod floor;
+mod irq;
 pub mod layout;
 mod load;
 mod read;
@@ -84,6 +85,7 @@ enum Link {
     // Held only to keep the attachment alive; dropping it detaches.
     Btf(#[allow(dead_code)] BtfTracePointLink),
     Classic(#[allow(dead_code)] TracePointLink),
+    Raw(#[allow(dead_code)] aya::programs::raw_trace_point::RawTracePointLink),
 }
 
 /// Dead threads moved out of the kernel maps: their totals, counters and CUDA accounting.
@@ -203,6 +205,10 @@ impl SchedProbes {
     /// Attaches every probe. `threads` lists the target's threads now (the classic programs
     /// need them; tp_btf filters on the TGID alone).
     pub fn attach(&mut self, threads: impl Fn() -> Vec<(u32, u32)>) -> Result<()> {
+        // The interrupt marks first: the wakeups the scheduler programs see from then on are
+        // told apart from the start.
+        let marks = irq::attach(&mut self.ebpf)?;
+        self.links.extend(marks.into_iter().map(Link::Raw));
         match self.mode {
             ProbeMode::TpBtf => {
                 for (name, _) in BTF_PROGRAMS {
