@@ -133,7 +133,8 @@ pub struct DemoPart {
     pub interference: Option<Interference>,
     /// Where the tail's queued time went, against the injected cause (queue_check.rs).
     pub queue: Option<super::queue_check::QueueCheck>,
-    /// A scenario whose effect depends on the host (cache-thrash) whose server's own p99
+    /// A scenario whose effect depends on the host (cache-thrash, migration-storm) whose
+    /// server's own p99
     /// during the recording was not above `NO_EFFECT_P99` times its p99 before the
     /// disturbance, or whose latencies during it had no tail by the verdict's rule
     /// (`requests::is_jitter`: every request slowed alike, or a few outliers): the injected
@@ -148,11 +149,14 @@ pub struct DemoPart {
 /// p50: no significant jitter by the verdict's rule either, `requests::JITTER_RATIO_BROAD`).
 const NO_EFFECT_P99: f64 = 1.5;
 
+/// A disturbance from outside the scenario: a process it did not start, or (PID 0) the host:
+/// the hypervisor's steal, or a server whose own log had a tail before the tracer attached.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Interference {
     pub pid: u32,
+    /// The process's name, or what disturbed the run.
     pub comm: String,
-    /// Its share of the server's run-queue waiting.
+    /// Its share of the server's run-queue waiting (steal: of the window; 0 for a tail).
     pub wait_share: f64,
 }
 
@@ -201,7 +205,8 @@ pub fn outcome(
             comm: n.name.clone(),
             wait_share: n.wait_share,
         })
-        .or_else(|| steal(&report.summary));
+        .or_else(|| steal(&report.summary))
+        .or_else(|| host_tail(scenario, latency_baseline));
     // Either the p99 did not rise, or what it made is no tail by the verdict's own rule
     // (`requests::is_jitter`, on the server's own log): a cause that slows every request
     // alike, or a few outliers. "No significant jitter" is then the truth.
@@ -234,6 +239,26 @@ pub fn outcome(
         rec,
         report,
     }
+}
+
+/// A server with nothing injected whose own log already had a tail before the tracer attached
+/// (by the verdict's own rule, `requests::is_jitter`): the host slowed it, and its tail in the
+/// window is the host's too, not a quiet server's. On the CI's VM in some hours a fixed
+/// millisecond of work took 1.4-1.7x as long at p99 as at p50 (its thread's CPU time), with
+/// no steal and no neighbour, and the quiet server's log said p99 3.7x p50 before attaching.
+fn host_tail(scenario: Scenario, baseline: Option<LatencyStats>) -> Option<Interference> {
+    let b = baseline?;
+    let quiet = scenario.expected(false).0 == crate::analysis::verdict::Primary::None;
+    (quiet && is_jitter(b.requests, b.p50_ns, b.p90_ns, b.p99_ns)).then(|| Interference {
+        pid: 0,
+        comm: format!(
+            "the host (the server's own log before attaching: p99 {} is {:.1}x p50 {})",
+            crate::units::dur(b.p99_ns),
+            b.p99_ns as f64 / b.p50_ns.max(1) as f64,
+            crate::units::dur(b.p50_ns)
+        ),
+        wait_share: 0.0,
+    })
 }
 
 /// Hypervisor steal of at least this much on one CPU in the window is a disturbance from

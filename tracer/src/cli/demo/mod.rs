@@ -87,13 +87,24 @@ fn part_text(p: &DemoPart, r: &Report) -> String {
         r.verdict.primary.name(),
         if p.correct { "correct" } else { "WRONG" }
     );
-    if let Some(i) = &p.interference {
-        let _ = writeln!(
-            out,
-            "  (the server waited mostly behind {} (PID {}), which the scenario did not start: \
-             this run measured another disturbance than the injected one)",
-            i.comm, i.pid
-        );
+    match &p.interference {
+        Some(i) if i.pid == 0 => {
+            let _ = writeln!(
+                out,
+                "  (disturbed from outside by {}: this run measured another disturbance than \
+                 the injected one)",
+                i.comm
+            );
+        }
+        Some(i) => {
+            let _ = writeln!(
+                out,
+                "  (the server waited mostly behind {} (PID {}), which the scenario did not \
+                 start: this run measured another disturbance than the injected one)",
+                i.comm, i.pid
+            );
+        }
+        None => {}
     }
     if p.no_effect {
         let _ = writeln!(
