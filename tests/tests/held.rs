@@ -332,7 +332,9 @@ const PIN: &str = "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(
 /// A wait that only its timeout ends (`poll` of no descriptor, 1 ms) beside a busy loop of
 /// another process on the same CPU: the timer's interrupt mostly hits that loop, and
 /// `sched_waking` names what it hit as the waker. Before the interrupt marks, 2,525 of 2,525
-/// such wakeups were "ended by" the busy loop. Both probe families.
+/// such wakeups were "ended by" the busy loop. The control: the loop also writes a byte to a
+/// pipe every 2 ms, which the waiter's child reads on the same CPU, a wakeup the loop makes
+/// itself (`pipe_write`), which must still name it. Both probe families.
 #[test]
 fn a_timeout_beside_a_busy_neighbour_is_an_interrupt_not_the_neighbour() {
     let _guard = serial();
@@ -341,23 +343,45 @@ fn a_timeout_beside_a_busy_neighbour_is_an_interrupt_not_the_neighbour() {
         eprintln!("skipped: no /usr/bin/python3");
         return;
     };
-    let (hog, _) = spawn_python(
-        py,
-        &[
-            "-c",
-            &format!("{PIN}print('ready', flush=True)\nwhile True: pass\n"),
-        ],
+    let dir = tempfile_dir();
+    let fifo = format!("{dir}/pipe");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.as_str()).unwrap();
+    // SAFETY: a NUL-terminated path we own.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {fifo}"
     );
+    // The reader opens first (the writer's open waits for one).
     let (waiter, _) = spawn_python(
         py,
         &[
             "-c",
             &format!(
-                "{PIN}import select\nprint('ready', flush=True)\np = select.poll()\n\
-                 while True: p.poll(1)\n"
+                "{PIN}import select\n\
+                 if os.fork() == 0:\n\
+                 \x20   fd = os.open('{fifo}', os.O_RDONLY)\n\
+                 \x20   while os.read(fd, 1): pass\n\
+                 \x20   os._exit(0)\n\
+                 print('ready', flush=True)\np = select.poll()\nwhile True: p.poll(1)\n"
             ),
         ],
     );
+    let (hog, _) = spawn_python(
+        py,
+        &[
+            "-c",
+            &format!(
+                "{PIN}import time\nfd = os.open('{fifo}', os.O_WRONLY)\nprint('ready', flush=True)\n\
+                 while True:\n\
+                 \x20   t = time.monotonic()\n\
+                 \x20   while time.monotonic() - t < 0.002: pass\n\
+                 \x20   os.write(fd, b'x')\n"
+            ),
+        ],
+    );
+    let hog_pid = u64::from(hog.id());
     for probes in ["btf", "classic"] {
         let busy = task_oncpu_ns(hog.id());
         let out = tracer_tests::run_tracer(&[
@@ -378,32 +402,56 @@ fn a_timeout_beside_a_busy_neighbour_is_an_interrupt_not_the_neighbour() {
             .map(|(tid, ns)| ns - busy.get(tid).unwrap_or(ns))
             .sum();
         let span = u(&doc["duration_ns"]);
-        // The loop had the CPU most of the window (the waiter runs a few microseconds a
-        // millisecond), so most timer interrupts found it running.
+        // The loop had the CPU most of the window (the waiter and the reader run a few
+        // microseconds a millisecond), so most timer interrupts found it running.
         assert!(
             busy * 2 > span,
             "{probes}: the busy loop ran {busy} of {span} ns"
         );
-        // Every wait whose waker was seen ended by its timeout. (The classic programs take
-        // about 0.6 s to attach here, sched_waking last: the waits that ended before it
-        // have no waker, and are in no pair.)
-        let (mut by_interrupt, mut by_any) = (0, 0);
-        for h in doc["held_up_by"].as_array().unwrap() {
-            assert_ne!(u(&h["by"]["pid"]), u64::from(hog.id()), "{probes}: {h}");
-            if u(&h["tid"]) == u64::from(waiter.id()) {
-                by_any += u(&h["blocked_ns"]);
-                if h["by"]["kind"] == "interrupt" {
-                    by_interrupt += u(&h["blocked_ns"]);
+        let reader = doc["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| u(&t["tid"]))
+            .find(|&t| t != u64::from(waiter.id()))
+            .unwrap_or_else(|| panic!("{probes}: no reader in {}", doc["threads"]));
+        // (blocked ns ended by an interrupt, by the loop, by anything) of a thread. The waits
+        // whose waker was seen: the classic programs take about 0.6 s to attach here,
+        // sched_waking last, and the waits that ended before it are in no pair.
+        let ended = |tid: u64| {
+            let (mut irq, mut by_hog, mut any) = (0, 0, 0);
+            for h in doc["held_up_by"].as_array().unwrap() {
+                if u(&h["tid"]) == tid {
+                    let ns = u(&h["blocked_ns"]);
+                    any += ns;
+                    irq += if h["by"]["kind"] == "interrupt" {
+                        ns
+                    } else {
+                        0
+                    };
+                    by_hog += if u(&h["by"]["pid"]) == hog_pid { ns } else { 0 };
                 }
             }
-        }
+            (irq, by_hog, any)
+        };
+        let (irq, by_hog, any) = ended(u64::from(waiter.id()));
         assert!(
-            by_interrupt == by_any && by_any * 2 > span,
-            "{probes}: {by_interrupt} of {by_any} ns blocked ended by an interrupt, in a \
-             window of {span} ns: {}",
+            irq == any && by_hog == 0 && any * 2 > span,
+            "{probes}: of the poll's {any} ns blocked, {irq} ended by an interrupt, {by_hog} by \
+             the loop, in a window of {span} ns: {}",
+            doc["held_up_by"]
+        );
+        let (irq, by_hog, any) = ended(reader);
+        assert!(
+            by_hog * 10 >= any * 9 && any * 2 > span,
+            "{probes}: of the reader's {any} ns blocked, {by_hog} ended by the loop's writes, \
+             {irq} by an interrupt, in a window of {span} ns: {}",
             doc["held_up_by"]
         );
     }
+    drop(hog);
+    drop(waiter);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// On-CPU time of each thread of `pid` so far (schedstat's first field), ns, by TID.
