@@ -123,15 +123,13 @@ pub fn sched_waking_tp(ctx: TracePointContext) -> u32 {
         sched::on_waking_other(cpu, tid);
         return 0;
     };
-    // A timer's or a device's: the task it hit is no waker (irq.rs).
-    let irq = sched::in_interrupt(cpu);
-    sched::on_waking(tid, tgid, field(&ctx, config!(wakeup_comm_off)), 0, |t| {
-        if irq {
-            sched::note_interrupt_waker(t)
-        } else {
-            sched::note_current_waker(t)
-        }
-    });
+    sched::on_waking(
+        tid,
+        tgid,
+        field(&ctx, config!(wakeup_comm_off)),
+        (cpu, 0),
+        sched::note_current_waker,
+    );
     0
 }
 

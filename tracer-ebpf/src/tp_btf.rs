@@ -156,19 +156,13 @@ pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
         sched::on_waking_other(cpu, pid_of(p));
         return 0;
     }
-    // A timer's or a device's: the task it hit is no waker (irq.rs).
-    let irq = sched::in_interrupt(cpu);
     let regs_off = config!(regs_syscall_off);
     if regs_off == u32::MAX {
         // Before Linux 5.15: the waker from helpers, the syscall unknown. (The verifier never
         // reaches the branch below then: the offset is a constant, and the helpers it calls
         // do not exist.)
-        sched::on_waking(pid_of(p), tgid_of(p), comm_of(p), 0, |t| {
-            if irq {
-                sched::note_interrupt_waker(t)
-            } else {
-                sched::note_current_waker(t)
-            }
+        sched::on_waking(pid_of(p), tgid_of(p), comm_of(p), (cpu, 0), |t| {
+            sched::note_current_waker(t)
         });
         return 0;
     }
@@ -183,12 +177,8 @@ pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
         pid_of(p),
         tgid_of(p),
         comm_of(p),
-        syscall.wrapping_add(1),
+        (cpu, syscall.wrapping_add(1)),
         |t| {
-            if irq {
-                sched::note_interrupt_waker(t);
-                return;
-            }
             t.waker_tid = pid_of(cur);
             t.waker_tgid = tgid_of(cur);
             t.waker_flags = sched::waker_flags(t.waker_tid, read_u32(cur, config!(task_flags_off)));

@@ -85,17 +85,11 @@ pub(super) fn existing(tid: u32) -> Option<&'static mut ThreadStats> {
 /// The thread's entry, created on first sight: its slot if free or its own, else the hash map.
 #[inline(always)]
 pub(super) fn thread(tid: u32, tgid: u32, comm: Comm) -> Option<&'static mut ThreadStats> {
-    let slot = THREAD_SLOTS.get_ptr_mut(tid & config!(thread_slot_mask));
-    if let Some(s) = slot {
-        let s = unsafe { &mut *s };
-        if s.tid == tid {
-            return Some(s);
-        }
+    if let Some(t) = existing(tid) {
+        return Some(t);
     }
-    if let Some(t) = THREADS.get_ptr_mut(tid) {
-        return Some(unsafe { &mut *t });
-    }
-    if let Some(s) = slot {
+    // (An array lookup the verifier inlines: a few instructions, on a new thread's path only.)
+    if let Some(s) = THREAD_SLOTS.get_ptr_mut(tid & config!(thread_slot_mask)) {
         // Free (userspace frees the slots of dead threads), and the thread has no entry in
         // the hash map, checked just above: a thread never has two entries. Two new threads
         // whose TIDs share a slot, first seen on two CPUs in the same instant, could both

@@ -37,7 +37,7 @@ use counts::{
     blocked_by_counts, counts_agree, counts_of, reconcile_in, remember, repair_unseen_switch_in,
     settle_repaired,
 };
-pub use cpu_wait::{in_interrupt, mark_interrupt};
+pub use cpu_wait::mark_interrupt;
 use cpu_wait::{owed, waiter_add, waiter_remove};
 pub use entry::Comm;
 use entry::{existing, read_comm, thread};
@@ -45,9 +45,7 @@ pub use lifecycle::{
     on_cgroup_attach, on_exec, on_migrate, on_process_fork, on_thread_exit, on_thread_new,
 };
 use throttle::{THROTTLED_MIN_WAIT_NS, note_throttle_base, throttled_permille};
-pub use wakeup::{
-    note_current_waker, note_interrupt_waker, on_wakeup, on_waking, on_waking_other, waker_flags,
-};
+pub use wakeup::{note_current_waker, on_wakeup, on_waking, on_waking_other, waker_flags};
 
 const BPF_NOEXIST: u64 = 1;
 const NO_CPU: u32 = u32::MAX;

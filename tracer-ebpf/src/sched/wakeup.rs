@@ -10,7 +10,7 @@ use tracer_common::{
 };
 
 use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unseen};
-use super::cpu_wait::{stop_waiting, waiter_add};
+use super::cpu_wait::{in_interrupt, stop_waiting, waiter_add};
 use super::throttle::note_throttle_base;
 use super::{BPF_NOEXIST, Clock, Comm, enter, event, existing, leave, read_comm, thread};
 use crate::maps::{Batch, CPU_WAIT, WAKERS, config, count};
@@ -100,21 +100,27 @@ pub fn on_wakeup(
     }
 }
 
-/// `sched_waking` of a target thread, in the waker's context: who is waking it (`noted` fills
-/// in `waker_tid`, `waker_tgid`, `waker_flags` and `waker_comm`) and, where known, the system
-/// call it is blocked in (its number plus one; 0: unknown), for the wakeup that follows.
+/// `sched_waking` on `cpu` of a target thread, in the waker's context: who is waking it
+/// (`noted` fills in `waker_tid`, `waker_tgid`, `waker_flags` and `waker_comm`; not called in a
+/// timer callback or device interrupt, which only happened to hit `current`: `irq.rs`) and,
+/// where known, the system call it is blocked in (its number plus one; 0: unknown), for the
+/// wakeup that follows.
 #[inline(always)]
 pub fn on_waking(
     tid: u32,
     tgid: u32,
     comm: Comm,
-    syscall: u32,
+    (cpu, syscall): (u32, u32),
     noted: impl FnOnce(&mut ThreadStats),
 ) {
     let Some(t) = thread(tid, tgid, comm) else {
         return;
     };
-    noted(t);
+    if in_interrupt(cpu) {
+        note_interrupt_waker(t);
+    } else {
+        noted(t);
+    }
     t.waker_syscall = syscall;
     t.waker_flags |= WAKER_PENDING;
 }
@@ -162,7 +168,7 @@ pub fn waker_flags(tid: u32, flags: u32) -> u32 {
 /// Notes an interrupt as the waker of `t`: no task, as for a wakeup on an idle CPU; the task
 /// the interrupt hit did not ask for it.
 #[inline(always)]
-pub fn note_interrupt_waker(t: &mut ThreadStats) {
+fn note_interrupt_waker(t: &mut ThreadStats) {
     t.waker_tid = 0;
     t.waker_tgid = 0;
     t.waker_flags = WAKER_IDLE;
