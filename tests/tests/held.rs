@@ -10,10 +10,15 @@ use std::{
 
 use tracer_tests::{Kill, attach_json, ensure_tracefs, require_root, serial, thread_json, u};
 
+/// The system's Python, or none (the test is then skipped, saying so).
 fn python() -> Option<&'static str> {
-    std::path::Path::new("/usr/bin/python3")
+    let py = std::path::Path::new("/usr/bin/python3")
         .exists()
-        .then_some("/usr/bin/python3")
+        .then_some("/usr/bin/python3");
+    if py.is_none() {
+        eprintln!("skipped: no /usr/bin/python3");
+    }
+    py
 }
 
 /// Starts `python -c code` and returns it with the first line it prints.
@@ -35,7 +40,6 @@ fn wakers_agree_with_bpftrace() {
     let _guard = serial();
     require_root();
     let Some(py) = python() else {
-        eprintln!("skipped: no /usr/bin/python3");
         return;
     };
     // The main thread waits on a queue; a second thread puts an item every 2 ms: each wakeup
@@ -114,7 +118,6 @@ fn a_reused_thread_slot_starts_clean() {
     let _guard = serial();
     require_root();
     let Some(py) = python() else {
-        eprintln!("skipped: no /usr/bin/python3");
         return;
     };
     let code = "import threading, time\n\
@@ -168,7 +171,6 @@ fn gc_pauses_match_pythons_own_gc_callbacks() {
     let _guard = serial();
     require_root();
     let Some(py) = python() else {
-        eprintln!("skipped: no /usr/bin/python3");
         return;
     };
     let dir = tempfile_dir();
@@ -340,7 +342,6 @@ fn a_timeout_beside_a_busy_neighbour_is_an_interrupt_not_the_neighbour() {
     let _guard = serial();
     require_root();
     let Some(py) = python() else {
-        eprintln!("skipped: no /usr/bin/python3");
         return;
     };
     let dir = tempfile_dir();

@@ -134,9 +134,8 @@ pub struct DemoPart {
     /// Where the tail's queued time went, against the injected cause (queue_check.rs).
     pub queue: Option<super::queue_check::QueueCheck>,
     /// A scenario whose effect depends on the host (cache-thrash, migration-storm) whose
-    /// server's own p99
-    /// during the recording was not above `NO_EFFECT_P99` times its p99 before the
-    /// disturbance, or whose latencies during it had no tail by the verdict's rule
+    /// server's own p99 during the recording was not above `NO_EFFECT_P99` times its p99
+    /// before the disturbance, or whose latencies during it had no tail by the verdict's rule
     /// (`requests::is_jitter`: every request slowed alike, or a few outliers): the injected
     /// cause made no tail here to explain, so the run says nothing of the verdict's accuracy.
     /// Scenario runners repeat such a run rather than score it, as one with `interference`.
