@@ -15,7 +15,8 @@ struct Run {
 fn scenario(name: &str) -> Run {
     // A run whose verdict names a process the scenario did not start (kdamond paging out
     // memory after a build, in our CI), during which the hypervisor stole 5 ms or more of a
-    // CPU, or (nothing injected) whose server had a tail before the tracer attached, measured
+    // CPU, or (nothing injected) whose server had a tail before the tracer attached or one of
+    // longer on-CPU time for the same work, measured
     // a real disturbance, but not the injected one: it is repeated, at most
     // twice, after a pause (the host's steal comes in bursts). The steal the demo read is
     // checked against /proc/stat read here around the run: a disturbance the tracer claims
@@ -64,11 +65,21 @@ fn scenario(name: &str) -> Run {
             continue;
         }
         if u(&i["pid"]) == 0 && i["wait_share"] == 0.0 {
-            // The host, by a quiet server's own tail before attaching: its log says so.
+            // The host, in a quiet server: by its own tail before attaching (its log says
+            // so), or by a tail the verdict found mostly in longer on-CPU time, no cause
+            // named (the same work in every request: only the host's CPU makes that).
             let b = &demo["latency_baseline"];
+            let v = &doc["verdict"];
+            let top = &v["causes"][0];
+            let oncpu = v["primary"] == "unexplained"
+                && top["mechanism"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("longer on-CPU time"))
+                && top["share"].as_f64().unwrap() >= 0.5;
             assert!(
-                u(&b["p99_ns"]) * 2 >= u(&b["p50_ns"]) * 3,
-                "{name}: the demo claims {i} against a baseline of {b}"
+                demo["expected_primary"] == "none"
+                    && (u(&b["p99_ns"]) * 2 >= u(&b["p50_ns"]) * 3 || oncpu),
+                "{name}: the demo claims {i} against a baseline of {b} and a verdict of {v}"
             );
         } else if u(&i["pid"]) == 0 {
             // The demo's worst CPU over its window (a share of the 3 s) within all CPUs'
