@@ -362,6 +362,10 @@ pub const WAKER_PENDING: u32 = 1;
 pub const WAKER_KTHREAD: u32 = 2;
 /// The waker is the idle task: the wakeup came from an interrupt on an idle CPU.
 pub const WAKER_IDLE: u32 = 4;
+/// With `WAKER_IDLE`: the wakeup came from a timer callback (hrtimer or timer wheel) and no
+/// device's handler, so a timeout ended the wait (a sleep's, a poll's, a futex wait's), not a
+/// device or another task.
+pub const WAKER_TIMER: u32 = 8;
 /// `PF_KTHREAD` in `task_struct.flags` (include/linux/sched.h, unchanged since 2.6).
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
@@ -374,7 +378,9 @@ pub struct WakerKey {
     pub tid: u32,
     pub waker_tid: u32,
     pub syscall: u32,
-    pub _pad: u32,
+    /// 1 for the waits a timer ended (`WAKER_TIMER`), 0 for the rest: a thread's timeouts and
+    /// its device wakeups (both `waker_tid` 0) are separate entries.
+    pub timer: u32,
 }
 
 /// The blocked intervals of one `WakerKey`: how many, how long in all and at most, their log2

@@ -27,14 +27,14 @@ pub fn mark_interrupt(cpu: u32, kind: u32, inside: bool) {
     }
 }
 
-/// Whether `cpu` is in a timer callback or device interrupt handler: a wakeup it makes now is
-/// no task's doing.
+/// The kinds of timer callback and device interrupt handler `cpu` is in (`IRQ_*`; 0: none):
+/// a wakeup it makes under any is no task's doing.
 #[inline(always)]
-pub fn in_interrupt(cpu: u32) -> bool {
+pub fn interrupt_bits(cpu: u32) -> u32 {
     // SAFETY: a read of this CPU's entry.
     CPU_WAIT
         .get_ptr(cpu)
-        .is_some_and(|w| unsafe { (*w).irq_bits } != 0)
+        .map_or(0, |w| unsafe { (*w).irq_bits })
 }
 
 /// Folds the target-waiting time on `w` up to `now` into `pending_ns`.

@@ -1,16 +1,17 @@
 //! Wakeups of target threads (`sched_wakeup`, `sched_wakeup_new`) and their wakers
 //! (`sched_waking`, in the waker's context): the blocked interval a wakeup ends is charged to
-//! its waker in `WAKERS`, by thread, waker and system call.
+//! its waker in `WAKERS`, by thread, waker and system call (and, for a wait no task ended,
+//! whether a timer did).
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated};
 use tracer_common::{
-    Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, PF_KTHREAD, RUNQ_HIST_SLOTS, ThreadState,
-    ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WakerKey, WakerRun, WakerStats,
-    hist_slot,
+    Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, IRQ_HANDLER, PF_KTHREAD, RUNQ_HIST_SLOTS,
+    ThreadState, ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WAKER_TIMER, WakerKey,
+    WakerRun, WakerStats, hist_slot,
 };
 
 use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unseen};
-use super::cpu_wait::{in_interrupt, stop_waiting, waiter_add};
+use super::cpu_wait::{interrupt_bits, stop_waiting, waiter_add};
 use super::throttle::note_throttle_base;
 use super::{BPF_NOEXIST, Clock, Comm, enter, event, existing, leave, read_comm, thread};
 use crate::maps::{Batch, CPU_WAIT, WAKERS, config, count};
@@ -116,8 +117,9 @@ pub fn on_waking(
     let Some(t) = thread(tid, tgid, comm) else {
         return;
     };
-    if in_interrupt(cpu) {
-        note_interrupt_waker(t);
+    let bits = interrupt_bits(cpu);
+    if bits != 0 {
+        note_interrupt_waker(t, bits);
     } else {
         noted(t);
     }
@@ -165,13 +167,19 @@ pub fn waker_flags(tid: u32, flags: u32) -> u32 {
     f
 }
 
-/// Notes an interrupt as the waker of `t`: no task, as for a wakeup on an idle CPU; the task
-/// the interrupt hit did not ask for it.
+/// Notes an interrupt (`IRQ_*` bits `bits`) as the waker of `t`: no task, as for a wakeup on
+/// an idle CPU; the task the interrupt hit did not ask for it. A timer's unless a device's
+/// handler is among them: a handler runs with interrupts off, so it is the innermost (it can
+/// interrupt a softirq's timer callback, not the other way round).
 #[inline(always)]
-fn note_interrupt_waker(t: &mut ThreadStats) {
+fn note_interrupt_waker(t: &mut ThreadStats, bits: u32) {
     t.waker_tid = 0;
     t.waker_tgid = 0;
-    t.waker_flags = WAKER_IDLE;
+    t.waker_flags = if bits & IRQ_HANDLER == 0 {
+        WAKER_IDLE | WAKER_TIMER
+    } else {
+        WAKER_IDLE
+    };
     t.waker_comm = [0; 16];
 }
 
@@ -211,7 +219,11 @@ const _: () = assert!(
 fn note_waker(t: &mut ThreadStats, ns: u64) {
     let tid = t.tid;
     let r = &mut t.run;
-    if r.stats.count == 0 || r.waker_tid != t.waker_tid || r.syscall != t.waker_syscall {
+    // The same waker: the same task, system call, and for no task, timer or not.
+    let other = r.waker_tid != t.waker_tid
+        || r.syscall != t.waker_syscall
+        || (r.stats.flags ^ t.waker_flags) & WAKER_TIMER != 0;
+    if r.stats.count == 0 || other {
         if r.stats.count != 0 {
             flush_run(tid, r);
         }
@@ -247,7 +259,7 @@ fn flush_run(tid: u32, r: &WakerRun) {
         tid,
         waker_tid: r.waker_tid,
         syscall: r.syscall,
-        _pad: 0,
+        timer: u32::from(r.stats.flags & WAKER_TIMER != 0),
     };
     let Some(w) = WAKERS.get_ptr_mut(key) else {
         // By reference: the value is inserted from the thread's entry, not copied to the

@@ -6,13 +6,16 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use tracer_common::WAKER_KTHREAD;
+use tracer_common::{WAKER_KTHREAD, WAKER_TIMER};
 
 use crate::recording::{
     Recording, printable,
     timeline::Woken,
     wakers::{BlockedIn, WakerRecord},
 };
+
+/// The name libcuda gives the thread that waits for the device's events (`comm`).
+const CUDA_EVENT_HANDLER: &str = "cuda-EvtHandlr";
 
 /// Pairs kept per thread, and per process of the set.
 pub const PAIRS_PER_THREAD: usize = 3;
@@ -31,13 +34,15 @@ pub enum WakerKind {
     /// A kernel thread (kworker, ksoftirqd, an interrupt thread).
     KernelThread,
     /// An interrupt: on an idle CPU (the idle task was current), or a device's interrupt
-    /// handler or a timer's callback (a timeout) that hit a running task, which is not named.
+    /// handler that hit a running task, which is not named.
     Interrupt,
-    /// The GPU driver's completion path: an interrupt or kernel thread ended a wait in the
-    /// driver (ioctl or poll) of a thread that makes synchronizing CUDA calls.
+    /// The GPU driver's completion path: a device's interrupt or a kernel thread ended a wait
+    /// in the driver (ioctl or poll) of a thread that makes synchronizing CUDA calls, or of
+    /// libcuda's event-handler thread (`cuda-EvtHandlr`).
     GpuDriver,
-    /// The end of a sleep the thread asked for (nanosleep, clock_nanosleep): its timer fires
-    /// in an interrupt, charged by the kernel to whatever task it hit, which is not named.
+    /// A timer: the end of a sleep the thread asked for (nanosleep, clock_nanosleep), or the
+    /// timeout of a wait (a poll's, a futex wait's): a timer callback ended it, in an interrupt
+    /// the kernel charges to whatever task it hit, which is not named.
     Timer,
 }
 
@@ -55,9 +60,9 @@ impl WakerRef {
     pub fn describe(&self) -> String {
         let comm = printable(&self.comm);
         match self.kind {
-            WakerKind::Interrupt => "an interrupt (a timeout, a device, an idle CPU's)".into(),
+            WakerKind::Interrupt => "an interrupt (a device's, or on an idle CPU)".into(),
             WakerKind::GpuDriver => "the GPU driver (its completion interrupt)".into(),
-            WakerKind::Timer => "its own timer (a sleep it asked for)".into(),
+            WakerKind::Timer => "a timer (its own timeout or sleep)".into(),
             WakerKind::KernelThread => format!("{comm} (kernel thread)"),
             WakerKind::SameProcess => format!("thread {} ({comm})", self.tid),
             _ => format!("{comm} (PID {}, thread {})", self.pid, self.tid),
@@ -110,11 +115,15 @@ impl<'a> Classifier<'a> {
         }
     }
 
-    fn syncs(&self, tid: u32) -> bool {
-        self.threads
-            .get(&tid)
-            .and_then(|t| t.cuda.as_ref())
-            .is_some_and(|c| c.sync_calls > 0)
+    /// Whether `tid` waits for the GPU in the driver: it makes synchronizing CUDA calls, or it
+    /// is libcuda's event-handler thread. With blocking sync (`cudaEventBlockingSync`,
+    /// `cudaDeviceScheduleBlockingSync`) that thread sleeps in a poll of the device until the
+    /// GPU's completion interrupt and then wakes the synchronizing thread by a futex (seen on
+    /// an H100, docs/GPU.md): the interrupt is the driver's, the futex the helper's.
+    fn waits_for_gpu(&self, tid: u32) -> bool {
+        self.threads.get(&tid).is_some_and(|t| {
+            t.cuda.as_ref().is_some_and(|c| c.sync_calls > 0) || t.comm == CUDA_EVENT_HANDLER
+        })
     }
 
     /// The task `waker_tid` (of process `tgid` when known, 0 if not) that ended a wait of
@@ -130,13 +139,10 @@ impl<'a> Classifier<'a> {
     ) -> WakerRef {
         if blocked_in == BlockedIn::Sleep {
             // A signal could end it too, but rarely does; the task the timer's interrupt hit
-            // had nothing to do with it (it was named as the waker: "a sleep ended by rustc").
-            return WakerRef {
-                tid: 0,
-                pid: 0,
-                comm: String::new(),
-                kind: WakerKind::Timer,
-            };
+            // had nothing to do with it (before the interrupt marks, and on kernels where a
+            // timer's callback is not marked, it was named as the waker: "a sleep ended by
+            // rustc").
+            return Self::timer();
         }
         let pid_of = |t: u32| self.threads.get(&t).map(|t| t.pid);
         let pid = if tgid != 0 {
@@ -146,7 +152,7 @@ impl<'a> Classifier<'a> {
         };
         let own = pid_of(tid).unwrap_or(0);
         let in_driver = matches!(blocked_in, BlockedIn::Ioctl | BlockedIn::Poll);
-        let kind = if (waker_tid == 0 || kthread) && in_driver && self.syncs(tid) {
+        let kind = if (waker_tid == 0 || kthread) && in_driver && self.waits_for_gpu(tid) {
             WakerKind::GpuDriver
         } else if waker_tid == 0 {
             WakerKind::Interrupt
@@ -167,13 +173,29 @@ impl<'a> Classifier<'a> {
         }
     }
 
+    /// A timer's callback ended the wait: no task did.
+    fn timer() -> WakerRef {
+        WakerRef {
+            tid: 0,
+            pid: 0,
+            comm: String::new(),
+            kind: WakerKind::Timer,
+        }
+    }
+
     pub fn of_record(&self, w: &WakerRecord) -> WakerRef {
+        if w.timer {
+            return Self::timer();
+        }
         let (t, b) = (w.waker_tid, w.blocked_in());
         self.classify(w.tid, t, w.waker_tgid, &w.waker_comm, w.kernel_thread, b)
     }
 
     /// The waker of one blocked interval of `tid`, from its wakeup record.
     pub fn of_woken(&self, tid: u32, w: &Woken) -> WakerRef {
+        if w.flags & WAKER_TIMER != 0 {
+            return Self::timer();
+        }
         let by = w.by;
         let kthread = w.flags & WAKER_KTHREAD != 0;
         let (tgid, comm) = match (self.seen.get(&by), self.threads.get(&by)) {
@@ -245,18 +267,19 @@ pub fn summarize(rec: &Recording) -> Vec<HeldUp> {
     pairs
 }
 
-/// One pair per thread for its sleeps' timer: the kernel keys them by the task each timer
-/// interrupt happened to hit, which says nothing.
+/// One pair per thread and system call for its timers: the kernel keys a sleep's by the task
+/// each timer interrupt happened to hit (where its callback is not marked), which says nothing.
+/// The system call stays apart: a futex wait's timeout is a lock's, a sleep's is not.
 fn merge_timers(pairs: Vec<HeldUp>) -> Vec<HeldUp> {
     let mut out: Vec<HeldUp> = Vec::with_capacity(pairs.len());
     // Each thread's timer pair in `out`: thousands of pairs are merged in one pass.
-    let mut timer_of: HashMap<u32, usize> = HashMap::new();
+    let mut timer_of: HashMap<(u32, BlockedIn), usize> = HashMap::new();
     for p in pairs {
         if p.by.kind != WakerKind::Timer {
             out.push(p);
             continue;
         }
-        match timer_of.get(&p.tid) {
+        match timer_of.get(&(p.tid, p.blocked_in)) {
             Some(&i) => {
                 let o = &mut out[i];
                 o.blocked_ns += p.blocked_ns;
@@ -265,7 +288,7 @@ fn merge_timers(pairs: Vec<HeldUp>) -> Vec<HeldUp> {
                 o.share_of_blocked += p.share_of_blocked;
             }
             None => {
-                timer_of.insert(p.tid, out.len());
+                timer_of.insert((p.tid, p.blocked_in), out.len());
                 out.push(p);
             }
         }
@@ -285,6 +308,7 @@ mod tests {
             waker_tgid,
             waker_comm: format!("w{waker_tid}"),
             kernel_thread: false,
+            timer: false,
             syscall: Some(syscall),
             blocked_ns: ns,
             count: 10,
@@ -342,7 +366,91 @@ mod tests {
         assert_eq!(p[0].by.kind, WakerKind::Timer);
         assert_eq!((p[0].by.tid, p[0].blocked_ns, p[0].wakeups), (0, 500, 20));
         assert!((p[0].share_of_blocked - 0.5).abs() < 1e-9);
-        assert_eq!(p[0].by.describe(), "its own timer (a sleep it asked for)");
+        assert_eq!(p[0].by.describe(), "a timer (its own timeout or sleep)");
         assert_eq!(p[1].by.kind, WakerKind::SameProcess);
+    }
+
+    /// A thread that makes synchronizing CUDA calls, blocked in poll: a device's interrupt
+    /// ending it is the GPU driver's, its timeout a timer's (before the kernel side told
+    /// timers apart, both read as the driver's); a futex wait's timeouts stay their own pair,
+    /// apart from the poll's, for the lock rules.
+    #[test]
+    fn a_timeout_is_a_timer_not_the_gpu_driver() {
+        let mut rec = recording(vec![thread(10, 100, 1_000, &[])], vec![]);
+        rec.threads[0].pid = 10;
+        rec.threads[0].totals.time.blocked_ns = 1_000;
+        rec.threads[0].cuda = Some(crate::recording::cuda::CudaTotals {
+            sync_calls: 5,
+            ..Default::default()
+        });
+        let timer = |syscall, ns| WakerRecord {
+            timer: true,
+            ..waker(10, 0, 0, syscall, ns)
+        };
+        // poll (7) and futex (202) on x86-64.
+        rec.wakers = vec![waker(10, 0, 0, 7, 400), timer(7, 300), timer(202, 200)];
+        let p = summarize(&rec);
+        let got: Vec<_> = p
+            .iter()
+            .map(|p| (p.by.kind, p.blocked_in, p.blocked_ns))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (WakerKind::GpuDriver, BlockedIn::of(Some(7)), 400),
+                (WakerKind::Timer, BlockedIn::of(Some(7)), 300),
+                (WakerKind::Timer, BlockedIn::of(Some(202)), 200),
+            ]
+        );
+    }
+
+    /// Blocking sync as an H100 ran it: the synchronizing thread's futex waits ended by
+    /// libcuda's event-handler thread, whose polls the GPU's interrupt ended (the driver's)
+    /// or its timeout (a timer's): one hop from the waiting thread to the driver. A thread of
+    /// another name, no CUDA calls, woken in poll by an interrupt (a network packet on an idle
+    /// CPU) is no driver's.
+    #[test]
+    fn the_cuda_event_handler_waits_for_the_driver() {
+        let mut rec = recording(
+            vec![
+                thread(10, 100, 1_000, &[]),
+                thread(11, 100, 1_000, &[]),
+                thread(12, 100, 1_000, &[]),
+            ],
+            vec![],
+        );
+        for (t, comm) in rec
+            .threads
+            .iter_mut()
+            .zip(["python3", CUDA_EVENT_HANDLER, "zmq"])
+        {
+            t.pid = 10;
+            t.comm = comm.into();
+            t.totals.time.blocked_ns = 1_000;
+        }
+        rec.wakers = vec![
+            waker(10, 11, 10, 202, 900),
+            waker(11, 0, 0, 7, 800),
+            WakerRecord {
+                timer: true,
+                ..waker(11, 0, 0, 7, 100)
+            },
+            waker(12, 0, 0, 7, 700),
+        ];
+        let p = summarize(&rec);
+        let got: Vec<_> = p.iter().map(|p| (p.tid, p.by.kind)).collect();
+        assert_eq!(
+            got,
+            [
+                (10, WakerKind::SameProcess),
+                (11, WakerKind::GpuDriver),
+                (12, WakerKind::Interrupt),
+                (11, WakerKind::Timer),
+            ]
+        );
+        assert_eq!(
+            p[0].waker_held_up_by.as_ref().map(|w| w.kind),
+            Some(WakerKind::GpuDriver)
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! system call), and what the system call and the waker say about the wait.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WakerKey, WakerStats};
+use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_TIMER, WakerKey, WakerStats};
 
 use super::names::comm_string;
 
@@ -17,6 +17,10 @@ pub struct WakerRecord {
     pub waker_comm: String,
     /// The waker is a kernel thread.
     pub kernel_thread: bool,
+    /// No task: a timer's callback ended the waits (a timeout or a sleep; `WAKER_TIMER`).
+    /// Absent from files written before it was kept: false.
+    #[serde(default)]
+    pub timer: bool,
     /// The system call the thread was blocked in, when the kernel could say (5.15+, tp_btf).
     pub syscall: Option<u32>,
     pub blocked_ns: u64,
@@ -38,6 +42,7 @@ impl WakerRecord {
             waker_tgid: v.waker_tgid,
             waker_comm: comm_string(&v.comm),
             kernel_thread: v.flags & WAKER_KTHREAD != 0,
+            timer: k.timer != 0,
             syscall: k.syscall.checked_sub(1),
             blocked_ns: v.blocked_ns,
             count: v.count,
@@ -50,8 +55,13 @@ impl WakerRecord {
         BlockedIn::of(self.syscall)
     }
 
-    /// Adds `o`, another count of the same (thread, waker, system call).
-    fn merge(&mut self, o: &Self) {
+    /// What tells one count from another of the same thread: its waker, system call, timer.
+    pub fn key(&self) -> (u32, u32, Option<u32>, bool) {
+        (self.tid, self.waker_tid, self.syscall, self.timer)
+    }
+
+    /// Adds `o`, another count of the same `key`.
+    pub fn merge(&mut self, o: &Self) {
         self.blocked_ns += o.blocked_ns;
         self.count += o.count;
         self.max_ns = self.max_ns.max(o.max_ns);
@@ -67,23 +77,23 @@ impl WakerRecord {
 /// The kernel's `WAKERS` entries with each thread's last run of waits by one waker, which the
 /// kernel side adds there only when another waker follows (`ThreadStats::run`).
 pub fn with_runs(mut records: Vec<WakerRecord>, threads: &[ThreadStats]) -> Vec<WakerRecord> {
-    let mut at: std::collections::HashMap<(u32, u32, Option<u32>), usize> = records
+    let mut at: std::collections::HashMap<_, usize> = records
         .iter()
         .enumerate()
-        .map(|(i, r)| ((r.tid, r.waker_tid, r.syscall), i))
+        .map(|(i, r)| (r.key(), i))
         .collect();
     for t in threads.iter().filter(|t| t.run.stats.count > 0) {
         let key = WakerKey {
             tid: t.tid,
             waker_tid: t.run.waker_tid,
             syscall: t.run.syscall,
-            _pad: 0,
+            timer: u32::from(t.run.stats.flags & WAKER_TIMER != 0),
         };
         let run = WakerRecord::from_kernel(&key, &t.run.stats);
-        match at.get(&(run.tid, run.waker_tid, run.syscall)) {
+        match at.get(&run.key()) {
             Some(&i) => records[i].merge(&run),
             None => {
-                at.insert((run.tid, run.waker_tid, run.syscall), records.len());
+                at.insert(run.key(), records.len());
                 records.push(run);
             }
         }
@@ -229,7 +239,7 @@ mod run_tests {
             tid: 7,
             waker_tid: 8,
             syscall: 203,
-            _pad: 0,
+            timer: 0,
         };
         let mut stats = tracer_common::WakerRun::EMPTY.stats;
         stats.blocked_ns = 100;

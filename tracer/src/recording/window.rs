@@ -32,7 +32,7 @@ struct ThreadSoFar {
     cuda: Option<CudaTotals>,
 }
 
-type WakerKey = (u32, u32, Option<u32>);
+type WakerKey = (u32, u32, Option<u32>, bool);
 
 /// The sums of what the windows so far reported, by account.
 #[derive(Debug, Clone, Default)]
@@ -135,10 +135,7 @@ impl Reported {
             r.count > 0
         });
         rec.wakers.retain_mut(|w: &mut WakerRecord| {
-            let s = self
-                .wakers
-                .entry((w.tid, w.waker_tid, w.syscall))
-                .or_default();
+            let s = self.wakers.entry(w.key()).or_default();
             w.blocked_ns = step(w.blocked_ns, &mut s.0);
             w.count = step(w.count, &mut s.1);
             w.max_ns = step_max(w.max_ns, &mut s.2, None);
@@ -345,20 +342,8 @@ fn add_kernel_lists(out: &mut Recording, w: &Recording) {
         }
     }
     for k in &w.wakers {
-        let key = (k.tid, k.waker_tid, k.syscall);
-        match out
-            .wakers
-            .iter_mut()
-            .find(|q| (q.tid, q.waker_tid, q.syscall) == key)
-        {
-            Some(q) => {
-                q.blocked_ns += k.blocked_ns;
-                q.count += k.count;
-                q.max_ns = q.max_ns.max(k.max_ns);
-                for (a, b) in q.hist.iter_mut().zip(&k.hist) {
-                    *a += b;
-                }
-            }
+        match out.wakers.iter_mut().find(|q| q.key() == k.key()) {
+            Some(q) => q.merge(k),
             None => out.wakers.push(k.clone()),
         }
     }

@@ -233,7 +233,7 @@ fn queued_by(v: &[crate::analysis::requests::QueuedBy]) -> String {
         .join(", ")
 }
 
-/// "thread 12 (python3) 3.1ms, an interrupt (a timeout, a device, an idle CPU's) 0.4ms".
+/// "thread 12 (python3) 3.1ms, a timer (its own timeout or sleep) 0.4ms".
 fn blocked_by(v: &[BlockedBy]) -> String {
     v.iter()
         .map(|b| {

@@ -201,8 +201,10 @@ fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
                 let mean = p.blocked_ns / p.wakeups.max(1);
                 add(p.by.tid, ns, mean > GIL_WAIT_MAX_NS);
             }
-            WakerKind::Interrupt | WakerKind::KernelThread => {
-                // A timed wait that expired: held by the busiest other thread of the process.
+            WakerKind::Timer | WakerKind::Interrupt | WakerKind::KernelThread => {
+                // A timed wait that expired (a timer's, or an interrupt's or kernel thread's
+                // where timer callbacks are not marked): held by the busiest other thread of
+                // the process.
                 let holder = s
                     .threads
                     .iter()

@@ -1206,6 +1206,7 @@ fn a_bursty_holder_over_the_window_is_lock_contention_and_a_dispatcher_is_not() 
         waker_tgid: 100,
         waker_comm: format!("t{waker_tid}"),
         kernel_thread: false,
+        timer: false,
         syscall: Some(FUTEX as u32),
         blocked_ns,
         count: 5,

@@ -368,7 +368,8 @@
   function who(b) {
     if (!b.by) return "others, or unseen";
     const w = b.by;
-    if (w.kind === "interrupt") return "an interrupt (a timeout, a device, an idle CPU's)";
+    if (w.kind === "interrupt") return "an interrupt (a device's, or on an idle CPU)";
+    if (w.kind === "timer") return "a timer (its own timeout or sleep)";
     if (w.kind === "gpu_driver") return "the GPU driver";
     if (w.kind === "kernel_thread") return w.comm + " (kernel thread)";
     return "thread " + w.tid + " (" + w.comm + (w.kind === "same_process" ? "" : ", PID " + w.pid) + ")";
