@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Who ends a CUDA-syncing thread's waits, on a machine with an NVIDIA GPU and PyTorch: the
-# thread waits for the GPU in blocking-sync events (it sleeps in the driver until the GPU's
-# completion interrupt) and, between steps, polls no descriptor with a 1-ms timeout (an engine
-# polling its sockets). The first waits must read `gpu_driver`, the poll's timeouts `timer`
-# (before timers were told from devices, both were the driver's). Both probe families.
+# thread waits for the GPU in blocking-sync events and, between steps, polls no descriptor with
+# a 1-ms timeout (an engine polling its sockets). Seen on an H100 (docs/GPU.md): the thread
+# sleeps in a futex that libcuda's cuda-EvtHandlr thread wakes (`same_process`, one hop on
+# `gpu_driver`), that thread in a poll of the device that the GPU's interrupt ends
+# (`gpu_driver` on tp_btf; `interrupt` with classic probes, which cannot see the system call),
+# and the poll's timeouts are `timer` (before timers were told from devices, the driver's).
+# Prints every pair of the process's threads. Both probe families.
 # Usage: scripts/gpu-wakers.sh TRACER_BINARY OUTPUT_DIR
 set -u
 B=$1
@@ -39,9 +42,10 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 main = int(sys.argv[2])
 for h in doc["held_up_by"]:
-    if h["tid"] == main:
-        print(sys.argv[1].rsplit("/", 1)[-1], h["blocked_in"], h["by"]["kind"], h["by"]["comm"],
-              h["wakeups"], "waits", round(h["blocked_ns"] / 1e6, 1), "ms")
+    hop = (h.get("waker_held_up_by") or {}).get("kind")
+    print(sys.argv[1].rsplit("/", 1)[-1], h["comm"], h["tid"], h["blocked_in"], h["by"]["kind"],
+          h["by"]["comm"], h["wakeups"], "waits", round(h["blocked_ns"] / 1e6, 1), "ms",
+          "then", hop)
 t = next(t for t in doc["threads"] if t["tid"] == main)
 print("cuda", t.get("cuda"))
 EOF

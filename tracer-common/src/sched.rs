@@ -328,7 +328,10 @@ pub struct CpuWait {
     /// (`IRQ_*`), from their tracepoints (tracer-ebpf `irq.rs`): a wakeup made in one is no
     /// task's doing.
     pub irq_bits: u32,
-    pub _pad: u32,
+    /// The kind (`IRQ_*`) entered last: while its bit is up, the innermost of the marks (on
+    /// arm64 the timer's hrtimer callbacks run inside its interrupt handler; on x86-64 a
+    /// device's handler can interrupt a softirq's timer callback).
+    pub irq_last: u32,
 }
 
 /// `CpuWait::irq_bits`: in a device's interrupt handler, an hrtimer callback, a timer-wheel

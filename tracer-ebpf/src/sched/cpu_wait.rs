@@ -22,19 +22,27 @@ pub(super) fn stop_waiting(t: &mut ThreadStats, now: u64) {
 pub fn mark_interrupt(cpu: u32, kind: u32, inside: bool) {
     if let Some(w) = CPU_WAIT.get_ptr_mut(cpu) {
         // SAFETY: this CPU's entry, whose marks only this CPU writes.
-        let bits = unsafe { &mut (*w).irq_bits };
-        *bits = if inside { *bits | kind } else { *bits & !kind };
+        let w = unsafe { &mut *w };
+        if inside {
+            w.irq_bits |= kind;
+            w.irq_last = kind;
+        } else {
+            w.irq_bits &= !kind;
+        }
     }
 }
 
-/// The kinds of timer callback and device interrupt handler `cpu` is in (`IRQ_*`; 0: none):
-/// a wakeup it makes under any is no task's doing.
+/// The innermost kind of timer callback or device interrupt handler `cpu` is in (`IRQ_*`;
+/// 0: none; where the last one entered has left, every kind still up): a wakeup it makes
+/// under any is no task's doing.
 #[inline(always)]
 pub fn interrupt_bits(cpu: u32) -> u32 {
+    let Some(w) = CPU_WAIT.get_ptr(cpu) else {
+        return 0;
+    };
     // SAFETY: a read of this CPU's entry.
-    CPU_WAIT
-        .get_ptr(cpu)
-        .map_or(0, |w| unsafe { (*w).irq_bits })
+    let (bits, last) = unsafe { ((*w).irq_bits, (*w).irq_last) };
+    if bits & last != 0 { last } else { bits }
 }
 
 /// Folds the target-waiting time on `w` up to `now` into `pending_ns`.

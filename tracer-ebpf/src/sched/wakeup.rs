@@ -167,10 +167,9 @@ pub fn waker_flags(tid: u32, flags: u32) -> u32 {
     f
 }
 
-/// Notes an interrupt (`IRQ_*` bits `bits`) as the waker of `t`: no task, as for a wakeup on
-/// an idle CPU; the task the interrupt hit did not ask for it. A timer's unless a device's
-/// handler is among them: a handler runs with interrupts off, so it is the innermost (it can
-/// interrupt a softirq's timer callback, not the other way round).
+/// Notes an interrupt (`IRQ_*` bits `bits`, the innermost: `interrupt_bits`) as the waker of
+/// `t`: no task, as for a wakeup on an idle CPU; the task the interrupt hit did not ask for
+/// it. A timer's unless a device's handler is innermost.
 #[inline(always)]
 fn note_interrupt_waker(t: &mut ThreadStats, bits: u32) {
     t.waker_tid = 0;

@@ -33,8 +33,8 @@ pub enum WakerKind {
     OtherProcess,
     /// A kernel thread (kworker, ksoftirqd, an interrupt thread).
     KernelThread,
-    /// An interrupt: on an idle CPU (the idle task was current), or a device's interrupt
-    /// handler that hit a running task, which is not named.
+    /// An interrupt: on an idle CPU (the idle task was current) outside a timer's callback, or
+    /// a device's interrupt handler that hit a running task, which is not named.
     Interrupt,
     /// The GPU driver's completion path: a device's interrupt or a kernel thread ended a wait
     /// in the driver (ioctl or poll) of a thread that makes synchronizing CUDA calls, or of

@@ -176,7 +176,7 @@ fn gc_cause(s: &Summary, share: f64) -> Option<Cause> {
 }
 
 /// Lock waits over the window, from the kernel's totals by waker: a busy thread's futex waits
-/// ended by a thread of its process, or by a timeout (an interrupt) while a busy thread of its
+/// ended by a thread of its process, or by a timeout (a timer's) while a busy thread of its
 /// process ran. (ns lost, cause.)
 fn window_lock(s: &Summary, wanted: f64) -> Option<(f64, Cause)> {
     let window = s.duration_ns.max(1) as f64;
