@@ -72,9 +72,7 @@ fn scenario(name: &str) -> Run {
             let v = &doc["verdict"];
             let top = &v["causes"][0];
             let oncpu = v["primary"] == "unexplained"
-                && top["mechanism"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("longer on-CPU time"))
+                && top["mechanism_id"] == "longer_oncpu"
                 && top["share"].as_f64().unwrap() >= 0.5;
             assert!(
                 demo["expected_primary"] == "none"
@@ -170,8 +168,20 @@ fn every_cpu_scenario_gives_the_expected_verdict() {
         // and must still be named; a quiet server's verdict is the noise, and is then said
         // not judged, with what disturbed it.
         // Likewise a cause whose effect depends on the host that had none in any run.
+        // But a quiet server whose every run ended in a tail of longer on-CPU time, its log
+        // calm before each, is not excused by that alone: the rule rests on the verdict, and
+        // the tracer's own cost in the server's context would look the same.
+        let oncpu_only = !disturbed.is_empty()
+            && disturbed
+                .iter()
+                .all(|d| d.contains("longer on-CPU time") && !d.contains("log before"));
         if !correct && misses.is_empty() {
-            if demo["expected_primary"] == "none" || no_effect {
+            if oncpu_only {
+                wrong.push(format!(
+                    "{name}: every run's tail was longer on-CPU time after a calm log: \
+                     {disturbed:?}"
+                ));
+            } else if demo["expected_primary"] == "none" || no_effect {
                 eprintln!("{name}: not judged, every run was disturbed: {disturbed:?}");
             } else {
                 wrong.push(format!("{name}: every run disturbed: {disturbed:?}"));
