@@ -202,6 +202,17 @@ pub struct WakerRun {
 }
 
 impl WakerRun {
+    /// The `WAKERS` key this run of thread `tid` is added under (the kernel side when another
+    /// waker follows, userspace for the last run at the end).
+    pub fn key(&self, tid: u32) -> WakerKey {
+        WakerKey {
+            tid,
+            waker_tid: self.waker_tid,
+            syscall: self.syscall,
+            timer: u32::from(self.stats.flags & WAKER_TIMER != 0),
+        }
+    }
+
     pub const EMPTY: Self = Self {
         waker_tid: 0,
         syscall: 0,

@@ -161,9 +161,13 @@ pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
         // Before Linux 5.15: the waker from helpers, the syscall unknown. (The verifier never
         // reaches the branch below then: the offset is a constant, and the helpers it calls
         // do not exist.)
-        sched::on_waking(pid_of(p), tgid_of(p), comm_of(p), (cpu, 0), |t| {
-            sched::note_current_waker(t)
-        });
+        sched::on_waking(
+            pid_of(p),
+            tgid_of(p),
+            comm_of(p),
+            (cpu, 0),
+            sched::note_current_waker,
+        );
         return 0;
     }
     // SAFETY: helpers on the tracepoint's own task argument and on `current`; both return

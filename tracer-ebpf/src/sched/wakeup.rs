@@ -6,8 +6,8 @@
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated};
 use tracer_common::{
     Counter, EventKind, FLAG_RUNNABLE_UNSURE, FLAG_WOKEN, IRQ_HANDLER, PF_KTHREAD, RUNQ_HIST_SLOTS,
-    ThreadState, ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WAKER_TIMER, WakerKey,
-    WakerRun, WakerStats, hist_slot,
+    ThreadState, ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_PENDING, WAKER_TIMER, WakerRun,
+    WakerStats, hist_slot,
 };
 
 use super::counts::{account_unseen, blocked_after_all, counts_of, remember, unseen};
@@ -254,12 +254,7 @@ fn note_waker(t: &mut ThreadStats, ns: u64) {
 /// Adds a finished run of thread `tid` to its entry in `WAKERS`, made on first use.
 #[inline(always)]
 fn flush_run(tid: u32, r: &WakerRun) {
-    let key = WakerKey {
-        tid,
-        waker_tid: r.waker_tid,
-        syscall: r.syscall,
-        timer: u32::from(r.stats.flags & WAKER_TIMER != 0),
-    };
+    let key = r.key(tid);
     let Some(w) = WAKERS.get_ptr_mut(key) else {
         // By reference: the value is inserted from the thread's entry, not copied to the
         // stack (208 bytes of a 512-byte stack).

@@ -2,7 +2,7 @@
 //! system call), and what the system call and the waker say about the wait.
 
 use serde::{Deserialize, Serialize};
-use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WAKER_TIMER, WakerKey, WakerStats};
+use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WakerKey, WakerStats};
 
 use super::names::comm_string;
 
@@ -83,13 +83,7 @@ pub fn with_runs(mut records: Vec<WakerRecord>, threads: &[ThreadStats]) -> Vec<
         .map(|(i, r)| (r.key(), i))
         .collect();
     for t in threads.iter().filter(|t| t.run.stats.count > 0) {
-        let key = WakerKey {
-            tid: t.tid,
-            waker_tid: t.run.waker_tid,
-            syscall: t.run.syscall,
-            timer: u32::from(t.run.stats.flags & WAKER_TIMER != 0),
-        };
-        let run = WakerRecord::from_kernel(&key, &t.run.stats);
+        let run = WakerRecord::from_kernel(&t.run.key(t.tid), &t.run.stats);
         match at.get(&run.key()) {
             Some(&i) => records[i].merge(&run),
             None => {
