@@ -1095,3 +1095,195 @@ fn the_flight_recorders_ceiling_keeps_what_it_can_and_says_so() {
         text.stdout
     );
 }
+
+/// A process that runs `true` on CPU `cpu` (its affinity set before the exec), to its end:
+/// its PID.
+fn true_on(cpu: usize) -> u32 {
+    use std::os::unix::process::CommandExt as _;
+    let mut c = Command::new("true");
+    // SAFETY: sched_setaffinity on the child itself, between fork and exec; it allocates
+    // nothing.
+    unsafe {
+        c.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let mut child = c.spawn().expect("run true");
+    let status = child.wait().expect("wait for true");
+    assert!(status.success(), "true: {status}");
+    child.id()
+}
+
+/// The time between two processes of one of the four spawners below.
+const PACE: Duration = Duration::from_micros(6_667);
+
+/// The kernel keeps the tasks that made target threads wait in a map of 4,096 entries. A node
+/// runs short-lived processes for days (probes, cron jobs, shells), each a new task: a watch
+/// takes those that exited out of the map, so that it never fills (the next ones' waits would
+/// be lost) however long it runs. Here 6,000 processes run `true` on the CPU a busy target
+/// spins on, each making it wait: more than the map holds. An entry stays until the cut after
+/// the window its task exited in (at most two windows and the cut's lag, 2.25 s), so a watch
+/// keeps room for 1,800 new tasks a second; this spawns at most 600 (`PACE`).
+#[test]
+fn exited_neighbours_leave_room_in_the_kernels_map() {
+    let _guard = serial();
+    require_root();
+    // The last CPU this test may use.
+    // SAFETY: sched_getaffinity of this thread into a set of the size given.
+    let cpu = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            .find(|&c| libc::CPU_ISSET(c, &set))
+            .expect("a CPU")
+    };
+    let target = Kill::group(Command::new("taskset").args([
+        "-c",
+        &cpu.to_string(),
+        "python3",
+        "-c",
+        "while True: pass",
+    ]));
+    let pid = target.id().to_string();
+    let dir = scratch("neighbours");
+    let trace = dir.join("run.trace");
+    let tracer = Tracer::start(&[
+        "watch",
+        "-p",
+        &pid,
+        "-i",
+        "1s",
+        "--json",
+        "--no-gpu",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    let started = std::time::Instant::now();
+    // Four at a time: each waits its turn on the busy CPU for a few milliseconds.
+    let spawners: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..1500u32)
+                    .map(|i| {
+                        // At most 150 a second each (`PACE`).
+                        let due = started + PACE * i;
+                        std::thread::sleep(
+                            due.saturating_duration_since(std::time::Instant::now()),
+                        );
+                        true_on(cpu)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let spawned: std::collections::BTreeSet<u64> = spawners
+        .into_iter()
+        .flat_map(|s| s.join().expect("spawner"))
+        .map(u64::from)
+        .collect();
+    let spawning = started.elapsed();
+    // The last ones' window, then the partial one after it.
+    std::thread::sleep(Duration::from_millis(1500));
+    tracer.signal(libc::SIGINT);
+    let out = tracer.finish(Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert!(windows.len() >= 2, "{}", out.stderr);
+    // What each window said each process made the target wait, by PID (one first charged
+    // before its exec is named as its parent's thread).
+    let mut seen = std::collections::BTreeMap::<u64, u64>::new();
+    for (i, w) in windows.iter().enumerate() {
+        assert_eq!(
+            u(&w["losses"]["preemptor_map_full"]),
+            0,
+            "window {i}: the map filled"
+        );
+        for p in w["preemptors"].as_array().unwrap() {
+            if spawned.contains(&u(&p["pid"])) {
+                *seen.entry(u(&p["pid"])).or_default() += u(&p["wait_ns"]);
+            }
+        }
+    }
+    // The whole run's trace keeps what left the map: the windows add up to it.
+    let whole = run_tracer(&["report", trace.to_str().unwrap(), "--json"]).json();
+    let whole: std::collections::BTreeMap<u64, u64> = whole["preemptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| spawned.contains(&u(&p["pid"])))
+        .map(|p| (u(&p["pid"]), u(&p["wait_ns"])))
+        .collect();
+    assert!(
+        whole == seen,
+        "the whole run lost or changed waits of processes that left the map"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "{} of {} processes seen as neighbours",
+        seen.len(),
+        spawned.len()
+    );
+    // Most of them made the target wait within the watch: together more than the map holds.
+    assert!(
+        seen.len() > 4096 + 500,
+        "{} of the {} processes seen as neighbours (spawning took {spawning:?})",
+        seen.len(),
+        spawned.len()
+    );
+}
+
+/// A target that starts short threads four at a time and joins them, each sleeping twice: a
+/// thread's own blocked time by waker and its moves are kept in the kernel's maps (16,384
+/// entries each), and so are the joining thread's waits, each ended by a new thread (its exit).
+/// A watch takes the ended threads' entries out, and the counts of waits ended by threads that
+/// exited, so that neither fills. (A machine too slow to end more threads than the map holds
+/// in the watch fails the test, saying how many ended: it would pass without the pruning.)
+const POOL_CHURN: &str = "import threading, time\n\
+def work():\n\
+\x20   time.sleep(0.0005); time.sleep(0.0005)\n\
+while True:\n\
+\x20   ts = [threading.Thread(target=work) for _ in range(4)]\n\
+\x20   for t in ts: t.start()\n\
+\x20   for t in ts: t.join()\n";
+
+#[test]
+fn ended_threads_and_their_wakers_leave_room_in_the_kernels_maps() {
+    let _guard = serial();
+    require_root();
+    let target = Kill::group(Command::new("python3").args(["-c", POOL_CHURN]));
+    let pid = target.id().to_string();
+    let out = run_tracer(&[
+        "watch", "-p", &pid, "-i", "1s", "--count", "12", "--json", "--quiet", "--no-gpu",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let windows = lines(&out.stdout);
+    assert_eq!(windows.len(), 12, "{}", out.stderr);
+    let mut ended = std::collections::BTreeSet::new();
+    for (i, w) in windows.iter().enumerate() {
+        for loss in ["waker_map_full", "migration_map_full", "thread_map_full"] {
+            assert_eq!(u(&w["losses"][loss]), 0, "window {i}: {loss}");
+        }
+        for t in w["threads"].as_array().unwrap() {
+            if !t["exited_ns"].is_null() {
+                ended.insert(u(&t["tid"]));
+            }
+        }
+    }
+    eprintln!("{} threads ended", ended.len());
+    // Each ended thread's exit ended one wait of the joining thread, an entry each (its own
+    // waits were all its sleeps' timer: a run never added to the map): more than it holds.
+    assert!(
+        ended.len() > 16_384 + 1000,
+        "{} threads ended in the watch",
+        ended.len()
+    );
+}

@@ -6,6 +6,19 @@ use tracer_common::{ThreadStats, WAKER_IDLE, WAKER_KTHREAD, WakerKey, WakerStats
 
 use super::names::comm_string;
 
+/// A `WakerRecord`'s key: the thread, its waker, the system call, whether a timer.
+pub type WakerKeyOf = (u32, u32, Option<u32>, bool);
+
+/// The `WAKERS` key of a record's key (`WakerRecord::kernel_key`).
+pub fn kernel_key((tid, waker_tid, syscall, timer): WakerKeyOf) -> WakerKey {
+    WakerKey {
+        tid,
+        waker_tid,
+        syscall: syscall.map_or(0, |s| s + 1),
+        timer: timer as u32,
+    }
+}
+
 /// A thread's blocked intervals that one waker ended, in one system call.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakerRecord {
@@ -51,12 +64,18 @@ impl WakerRecord {
         }
     }
 
+    /// The `WAKERS` key `from_kernel` read this under (its waker is 0 exactly where the
+    /// kernel's is: the idle task, or an interrupt, whose wakes note no task).
+    pub fn kernel_key(&self) -> WakerKey {
+        kernel_key(self.key())
+    }
+
     pub fn blocked_in(&self) -> BlockedIn {
         BlockedIn::of(self.syscall)
     }
 
     /// What tells one count from another of the same thread: its waker, system call, timer.
-    pub fn key(&self) -> (u32, u32, Option<u32>, bool) {
+    pub fn key(&self) -> WakerKeyOf {
         (self.tid, self.waker_tid, self.syscall, self.timer)
     }
 

@@ -32,7 +32,7 @@ struct ThreadSoFar {
     cuda: Option<CudaTotals>,
 }
 
-type WakerKey = (u32, u32, Option<u32>, bool);
+use super::wakers::WakerKeyOf as WakerKey;
 
 /// The sums of what the windows so far reported, by account.
 #[derive(Debug, Clone, Default)]
@@ -202,6 +202,71 @@ impl Reported {
     /// Forgets the threads `dead`, wholly accounted: no later window has anything of theirs.
     pub fn forget(&mut self, dead: &std::collections::BTreeSet<u32>) {
         self.threads.retain(|tid, _| !dead.contains(tid));
+    }
+
+    /// Forgets what was reported of the blocked time, the moves and the waiting caused of
+    /// threads `gone`, whose kernel entries were taken out (`SchedProbes::forget_thread_accounts`): an entry made
+    /// again under one of their TIDs (a new thread) counts from 0.
+    pub fn forget_thread_accounts(&mut self, gone: &std::collections::BTreeSet<u32>) {
+        self.wakers.retain(|k, _| !gone.contains(&k.0));
+        self.routes.retain(|k, _| !gone.contains(&k.0));
+        // The waiting they caused others, kept in their own thread entries.
+        self.preemptors.retain(|k, _| !gone.contains(&k.0));
+    }
+
+    /// How many counts of blocked time ended by a task were reported, in all (those the
+    /// idle task or an interrupt ended are never taken out).
+    pub fn wakers_known(&self) -> usize {
+        self.wakers.keys().filter(|k| k.1 != 0).count()
+    }
+
+    /// The counts of blocked time reported in an earlier window that did not grow in `window`
+    /// (a window `take` made), ended by a task (not an interrupt or the idle task): the ones
+    /// whose kernel entries may be taken out once the waker has exited. Each with what was
+    /// reported of it (blocked time, count).
+    pub fn quiet_wakers(&self, window: &Recording) -> BTreeMap<WakerKey, (u64, u64)> {
+        let active: std::collections::BTreeSet<WakerKey> =
+            window.wakers.iter().map(WakerRecord::key).collect();
+        self.wakers
+            .iter()
+            .filter(|(k, _)| k.1 != 0 && !active.contains(k))
+            .map(|(k, s)| (*k, (s.0, s.1)))
+            .collect()
+    }
+
+    /// Forgets the counts `keys`, whose kernel entries were taken out.
+    pub fn forget_wakers(&mut self, keys: &std::collections::BTreeSet<WakerKey>) {
+        self.wakers.retain(|k, _| !keys.contains(k));
+    }
+
+    /// How many tasks outside the target that ran while target threads waited were reported,
+    /// in all (a target thread's waiting caused is kept in its own entry).
+    pub fn preemptors_known(&self) -> usize {
+        self.preemptors
+            .keys()
+            .filter(|k| !self.threads.contains_key(&k.0))
+            .count()
+    }
+
+    /// The tasks reported in an earlier window that did not run while target threads waited
+    /// in `window` (a window `take` made: it lists only those that did), but for the idle
+    /// task and the target's threads: the ones whose kernel entries may be taken out once
+    /// they have exited.
+    /// Each with the totals reported of it (wait, slices).
+    pub fn quiet_preemptors(&self, window: &Recording) -> Vec<(u32, (u64, u64))> {
+        let active: std::collections::BTreeSet<(u32, u32)> =
+            window.preemptors.iter().map(|p| (p.pid, p.tgid)).collect();
+        self.preemptors
+            .iter()
+            .filter(|(k, _)| k.0 != 0 && !active.contains(k) && !self.threads.contains_key(&k.0))
+            .map(|(k, &v)| (k.0, v))
+            .collect()
+    }
+
+    /// Forgets the tasks `pids`, whose kernel entries were taken out: one made again under a
+    /// PID counts from 0.
+    pub fn forget_preemptors(&mut self, pids: &std::collections::BTreeSet<u32>) {
+        self.preemptors.retain(|k, _| !pids.contains(&k.0));
     }
 }
 
@@ -577,5 +642,70 @@ mod tests {
         reported.take(&mut b, 100);
         assert_eq!(b.threads[0].runq_waits, 2);
         assert_eq!(b.threads[0].runq_wait_max_ns, 40);
+    }
+
+    /// The accounts a watch takes out of the kernel's maps: an ended thread's blocked time and
+    /// moves, and exited preemptors. A TID or PID made again counts from 0, and a preemptor
+    /// is offered for removal only while quiet, with what was reported of it.
+    #[test]
+    fn forgotten_accounts_count_afresh() {
+        let waker = |tid, blocked_ns| WakerRecord {
+            tid,
+            waker_tid: 9,
+            waker_tgid: 9,
+            waker_comm: "w".into(),
+            kernel_thread: false,
+            timer: false,
+            syscall: None,
+            blocked_ns,
+            count: 1,
+            max_ns: blocked_ns,
+            hist: vec![0; 4],
+        };
+        let route = |tid, count| MigrationRoute {
+            tid,
+            from_cpu: 0,
+            to_cpu: 1,
+            count,
+        };
+        let preemptor = |pid, wait_ns| crate::recording::PreemptorRecord {
+            pid,
+            tgid: pid,
+            wait_ns,
+            slices: 1,
+            ..Default::default()
+        };
+        let mut reported = Reported::default();
+        let mut a = rec(100, vec![]);
+        a.wakers = vec![waker(7, 50), waker(8, 60)];
+        a.migration_routes = vec![route(7, 3), route(8, 4)];
+        a.preemptors = vec![preemptor(0, 10), preemptor(40, 20), preemptor(41, 30)];
+        reported.take(&mut a, 0);
+        // 41 ran again in the next window; 40 and the idle task did not.
+        let mut b = rec(200, vec![]);
+        b.preemptors = vec![preemptor(0, 10), preemptor(40, 20), preemptor(41, 35)];
+        reported.take(&mut b, 100);
+        assert_eq!(reported.quiet_preemptors(&b), [(40, (20, 1))]);
+        assert_eq!(reported.preemptors_known(), 3);
+        // Thread 7 ended and its entries were taken out; so was task 40.
+        reported.forget_thread_accounts(&[7].into());
+        reported.forget_preemptors(&[40].into());
+        assert_eq!(reported.preemptors_known(), 2);
+        // New entries under the same IDs: all of them is news; thread 8's are not.
+        let mut c = rec(300, vec![]);
+        c.wakers = vec![waker(7, 5), waker(8, 60)];
+        c.migration_routes = vec![route(7, 1), route(8, 4)];
+        c.preemptors = vec![preemptor(40, 2)];
+        reported.take(&mut c, 200);
+        let blocked: Vec<(u32, u64)> = c.wakers.iter().map(|w| (w.tid, w.blocked_ns)).collect();
+        assert_eq!(blocked, [(7, 5)]);
+        let moves: Vec<(u32, u64)> = c
+            .migration_routes
+            .iter()
+            .map(|r| (r.tid, r.count))
+            .collect();
+        assert_eq!(moves, [(7, 1)]);
+        let waits: Vec<(u32, u64)> = c.preemptors.iter().map(|p| (p.pid, p.wait_ns)).collect();
+        assert_eq!(waits, [(40, 2)]);
     }
 }

@@ -187,6 +187,22 @@ impl Kernel {
 }
 
 impl Kernel {
+    /// The blocked time by waker and the migration routes of threads `tids`, as read (their
+    /// last runs of waits joined).
+    pub fn accounts_of(&self, tids: &std::collections::BTreeSet<u32>) -> Reaped {
+        Reaped {
+            wakers: (self.wakers.iter())
+                .filter(|w| tids.contains(&w.tid))
+                .cloned()
+                .collect(),
+            migrations: (self.migrations.iter())
+                .filter(|(k, _)| tids.contains(&k.tid))
+                .copied()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
     /// The threads whose accounts are final: exited, and switched out for the last time.
     pub fn dead(&self) -> std::collections::BTreeSet<u32> {
         self.threads
@@ -210,6 +226,15 @@ impl Kernel {
             .collect()
     }
 
+    /// The threads the reading shows alive.
+    pub fn live_threads(&self) -> std::collections::BTreeSet<u32> {
+        self.threads
+            .iter()
+            .filter(|t| t.state != tracer_common::ThreadState::Dead as u32)
+            .map(|t| t.tid)
+            .collect()
+    }
+
     /// With the accounts of threads and processes the windows' cuts took out (`Windows`): the
     /// whole run's.
     pub fn with_reaped(mut self, r: Reaped) -> Self {
@@ -222,6 +247,53 @@ impl Kernel {
         );
         self.cuda
             .extend(r.cuda.iter().map(|(tid, c)| (*tid, CudaTotals::from(c))));
+        // Accounts taken out of the maps: a key made again since adds to what it had.
+        let mut at: HashMap<u32, usize> = (self.preemptors.iter().enumerate())
+            .map(|(i, p)| (p.pid, i))
+            .collect();
+        for p in r.preemptors {
+            match at.get(&p.pid) {
+                Some(&i) => {
+                    self.preemptors[i].wait_ns += p.wait_ns;
+                    self.preemptors[i].slices += p.slices;
+                }
+                None => {
+                    at.insert(p.pid, self.preemptors.len());
+                    self.preemptors.push(p);
+                }
+            }
+        }
+        let mut routes: BTreeMap<_, u64> = std::mem::take(&mut self.migrations)
+            .into_iter()
+            .map(|(k, n)| ((k.tid, k.from_cpu, k.to_cpu), n))
+            .collect();
+        for (k, n) in r.migrations {
+            *routes.entry((k.tid, k.from_cpu, k.to_cpu)).or_default() += n;
+        }
+        self.migrations = routes
+            .into_iter()
+            .map(|((tid, from_cpu, to_cpu), n)| {
+                let key = tracer_common::MigrationKey {
+                    tid,
+                    from_cpu,
+                    to_cpu,
+                    _pad: 0,
+                };
+                (key, n)
+            })
+            .collect();
+        let mut at: HashMap<_, usize> = (self.wakers.iter().enumerate())
+            .map(|(i, w)| (w.key(), i))
+            .collect();
+        for w in r.wakers {
+            match at.get(&w.key()) {
+                Some(&i) => self.wakers[i].merge(&w),
+                None => {
+                    at.insert(w.key(), self.wakers.len());
+                    self.wakers.push(w);
+                }
+            }
+        }
         self
     }
 }
@@ -472,5 +544,60 @@ mod tests {
             records.iter().all(|r| r.pid != 2000),
             "it preempted no sibling"
         );
+    }
+
+    /// The whole run gets back what the windows' cuts took out of the maps, added to what a
+    /// key made again since holds.
+    #[test]
+    fn accounts_taken_out_add_to_the_whole_run() {
+        let waker = |tid, blocked_ns| crate::recording::wakers::WakerRecord {
+            tid,
+            waker_tid: 9,
+            waker_tgid: 9,
+            waker_comm: "w".into(),
+            kernel_thread: false,
+            timer: false,
+            syscall: Some(202),
+            blocked_ns,
+            count: 1,
+            max_ns: blocked_ns,
+            hist: vec![0, 1],
+        };
+        let route = |tid, to_cpu| tracer_common::MigrationKey {
+            tid,
+            from_cpu: 0,
+            to_cpu,
+            _pad: 0,
+        };
+        let kernel = Kernel {
+            threads: vec![],
+            counters: BTreeMap::new(),
+            cuda: BTreeMap::new(),
+            preemptors: vec![preemptor(40, 40)],
+            migrations: vec![(route(7, 1), 2)],
+            wakers: vec![waker(7, 100)],
+            losses: Default::default(),
+            forked: vec![],
+        };
+        let taken = Reaped {
+            preemptors: vec![preemptor(40, 40), preemptor(41, 41)],
+            migrations: vec![(route(7, 1), 3), (route(8, 1), 1)],
+            wakers: vec![waker(7, 50), waker(8, 5)],
+            ..Default::default()
+        };
+        let whole = kernel.with_reaped(taken);
+        let waits: Vec<(u32, u64, u64)> = (whole.preemptors.iter())
+            .map(|p| (p.pid, p.wait_ns, p.slices))
+            .collect();
+        assert_eq!(waits, [(40, 20, 2), (41, 10, 1)]);
+        let moves: Vec<(u32, u64)> = whole.migrations.iter().map(|(k, n)| (k.tid, *n)).collect();
+        assert_eq!(moves, [(7, 5), (8, 1)]);
+        let blocked: Vec<(u32, u64, u64)> = (whole.wakers.iter())
+            .map(|w| (w.tid, w.blocked_ns, w.count))
+            .collect();
+        assert_eq!(blocked, [(7, 150, 2), (8, 5, 1)]);
+        // The record's key is the map's it came from.
+        let k = whole.wakers[0].kernel_key();
+        assert_eq!((k.tid, k.waker_tid, k.syscall, k.timer), (7, 9, 203, 0));
     }
 }

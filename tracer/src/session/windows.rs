@@ -12,12 +12,13 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::Result;
+use tracer_common::Preemptor;
 
 use super::{SELF_CHECK_THREADS, Session, assemble};
 use crate::{
     recording::{
         CgroupRecording, EndReason, ProcWindow, Recording, TracerCost, children::Forked,
-        collect::Collector, gpu::GpuRecording, window::Reported,
+        collect::Collector, gpu::GpuRecording, wakers::WakerRecord, window::Reported,
     },
     sources::{clock::monotonic_ns, ebpf::Reaped, process},
 };
@@ -31,6 +32,13 @@ const PROCESS_START_SLACK_NS: u64 = 50_000_000;
 /// first switch after the next tick (4 ms at HZ=250); one gone idle, when `end_cut` asks it
 /// to (or as it went idle, where the kernel cannot run a program on another CPU).
 pub const CUT_LAG: Duration = Duration::from_millis(250);
+
+/// How many tasks that made target threads wait must have been seen before exited ones are
+/// taken out of the kernel's map (a quarter of its room, `MAX_PREEMPTORS`).
+const PREEMPTORS_PRUNED_ABOVE: usize = tracer_common::MAX_PREEMPTORS as usize / 4;
+
+/// The same for the counts of blocked time by waker (`MAX_WAKERS`).
+const WAKERS_PRUNED_ABOVE: usize = tracer_common::MAX_WAKERS as usize / 4;
 
 /// A window whose end has passed and whose records may still be arriving.
 pub struct Closing {
@@ -115,6 +123,19 @@ impl Windows {
     pub fn cut_any(&self) -> bool {
         self.window_start != self.run_start
     }
+}
+
+/// Whether the task the kernel calls `tid` has exited: this tool's /proc has no such task. A
+/// task it cannot show (outside its PID namespace, or, inside one, started after the
+/// namespace was last listed) is not known to have, and stays. A live task judged exited
+/// costs nothing either: its entry is taken out only as reported, and made again from 0.
+fn exited(target: &crate::sources::process::Target, tid: u32) -> bool {
+    target.proc_pid_of(tid).is_some_and(|p| {
+        matches!(
+            std::fs::symlink_metadata(format!("/proc/{p}")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        )
+    })
 }
 
 /// Adds `part` (a later stretch of the same sampling) to `whole`.
@@ -208,10 +229,21 @@ impl Session<'_> {
         self.forget_exited(&c.kernel)?;
         let mut col = c.col;
         col.hand_over_requests(c.start, &mut self.col);
-        let rec = self.window_of(c.kernel, col, ended, c.cpu_end)?;
         // Threads wholly accounted in this window's reading have been reported in full (one
-        // that exited before the end but was read before its last switch is not yet).
+        // that exited before the end but was read before its last switch is not yet); those
+        // reaped from the thread maps too are read for the last time (no later reading joins
+        // their last runs of waits again): their other accounts leave the kernel's maps, as
+        // this reading has them.
         let dead = c.dead;
+        // Not a TID a live thread has taken again since (a reused one, or the leader's, which
+        // an exec from another thread takes over): its entries are that thread's now.
+        let live = c.kernel.live_threads();
+        let gone_tids = (self.finished.stats.iter())
+            .map(|s| s.tid)
+            .filter(|t| dead.contains(t) && !live.contains(t))
+            .collect();
+        let mut taken = c.kernel.accounts_of(&gone_tids);
+        let rec = self.window_of(c.kernel, col, ended, c.cpu_end)?;
         self.windows.reported.forget(&dead);
         // Gone from the threads /proc listed at the start too: else a thread without a kernel
         // account would be taken for one that stayed quiet all along.
@@ -222,7 +254,63 @@ impl Session<'_> {
         if let Some(w) = self.windows.whole_reaped.as_mut() {
             w.extend(gone);
         }
+        self.probes.forget_thread_accounts(&taken)?;
+        self.windows.reported.forget_thread_accounts(&gone_tids);
+        taken.preemptors = self.forget_exited_preemptors(&rec)?;
+        taken.wakers.extend(self.forget_exited_wakers(&rec)?);
+        if let Some(w) = self.windows.whole_reaped.as_mut() {
+            w.extend(taken);
+        }
         Ok(rec)
+    }
+
+    /// Takes the tasks that ran while target threads waited, and have exited since, out of
+    /// the kernel's map once it holds a quarter of its room (below that, the checks would cost
+    /// an idle watch more than the room is worth): a node runs short-lived processes for days
+    /// (probes, cron jobs, shells), each a new entry, and a full map loses the next ones'
+    /// waits (`preemptor_map_full`). Only those quiet in `window` (its own list: the ones that
+    /// ran in it) are checked, and only those this tool's /proc can show; and an entry is
+    /// taken out only if it holds what was reported of it (one charged after the window's
+    /// reading is reported first). An exited task is never charged again, so nothing is lost,
+    /// unless its PID is taken by a new task between the check and the removal.
+    fn forget_exited_preemptors(&mut self, window: &Recording) -> Result<Vec<Preemptor>> {
+        if self.windows.reported.preemptors_known() <= PREEMPTORS_PRUNED_ABOVE {
+            return Ok(Vec::new());
+        }
+        let target = self.targets.primary();
+        let exited: Vec<(u32, (u64, u64))> = self
+            .windows
+            .reported
+            .quiet_preemptors(window)
+            .into_iter()
+            .filter(|&(pid, _)| exited(target, pid))
+            .collect();
+        let taken = self.probes.forget_preemptors(&exited)?;
+        let pids = taken.iter().map(|p| p.pid).collect();
+        self.windows.reported.forget_preemptors(&pids);
+        Ok(taken)
+    }
+
+    /// Takes the counts of blocked time ended by tasks that have exited out of the kernel's
+    /// map once a quarter of its room is used (`forget_exited_preemptors`, for the same
+    /// reasons): a thread woken by a new thread each time (a pool that starts one per task, a
+    /// join) adds an entry per waker for as long as it lives. Only counts that did not grow in
+    /// `window`, and each on the kernel side's terms (`SchedProbes::forget_wakers`).
+    fn forget_exited_wakers(&mut self, window: &Recording) -> Result<Vec<WakerRecord>> {
+        if self.windows.reported.wakers_known() <= WAKERS_PRUNED_ABOVE {
+            return Ok(Vec::new());
+        }
+        let target = self.targets.primary();
+        let mut gone = std::collections::BTreeMap::new();
+        let mut quiet = self.windows.reported.quiet_wakers(window);
+        quiet.retain(|k, _| *gone.entry(k.1).or_insert_with(|| exited(target, k.1)));
+        if quiet.is_empty() {
+            return Ok(Vec::new());
+        }
+        let taken = self.probes.forget_wakers(&quiet)?;
+        let keys = taken.iter().map(WakerRecord::key).collect();
+        self.windows.reported.forget_wakers(&keys);
+        Ok(taken)
     }
 
     /// Takes the processes found exited at the last cut out of the kernel's map (this window,
@@ -359,6 +447,6 @@ fn forget_ended(finished: &mut Reaped, gone: &BTreeSet<u32>) -> Reaped {
         stats,
         counters,
         cuda,
-        children: Vec::new(),
+        ..Default::default()
     }
 }

@@ -96,6 +96,11 @@ pub struct Reaped {
     pub cuda: Vec<(u32, CudaThread)>,
     /// Processes forked (or joined) that have exited, taken out of `CHILDREN`.
     pub children: Vec<(u32, tracer_common::ChildProcess)>,
+    /// Accounts a watch took out of `PREEMPTORS`, `MIGRATIONS` and `WAKERS` (each whole, as
+    /// last reported), for its whole run's trace file.
+    pub preemptors: Vec<tracer_common::Preemptor>,
+    pub migrations: Vec<(tracer_common::MigrationKey, u64)>,
+    pub wakers: Vec<crate::recording::wakers::WakerRecord>,
 }
 
 impl Reaped {
@@ -104,6 +109,9 @@ impl Reaped {
         self.counters.extend(other.counters);
         self.cuda.extend(other.cuda);
         self.children.extend(other.children);
+        self.preemptors.extend(other.preemptors);
+        self.migrations.extend(other.migrations);
+        self.wakers.extend(other.wakers);
     }
 }
 

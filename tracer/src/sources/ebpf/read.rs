@@ -1,6 +1,8 @@
 //! Reading what the kernel side kept: per-thread totals, counters, CUDA accounting,
 //! preemptors, migration routes and losses, and moving dead threads out of the maps.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuValues};
 use tracer_common::{
@@ -9,7 +11,10 @@ use tracer_common::{
 };
 
 use super::{Reaped, SchedProbes};
-use crate::recording::{Losses, wakers::WakerRecord};
+use crate::recording::{
+    Losses,
+    wakers::{WakerKeyOf, WakerRecord},
+};
 
 impl SchedProbes {
     fn threads_map(&mut self) -> Result<HashMap<&mut MapData, u32, ThreadStats>> {
@@ -84,7 +89,7 @@ impl SchedProbes {
             stats: dead,
             counters: dead_counters,
             cuda: dead_cuda,
-            children: Vec::new(),
+            ..Default::default()
         })
     }
 
@@ -203,6 +208,87 @@ impl SchedProbes {
         let map: HashMap<_, MigrationKey, u64> =
             HashMap::try_from(self.ebpf.map("MIGRATIONS").context("MIGRATIONS map")?)?;
         Ok(map.iter().filter_map(|r| r.ok()).collect())
+    }
+
+    /// Takes the blocked-time and migration-route entries of ended threads out of `WAKERS`
+    /// and `MIGRATIONS`: those of `ended` (as the window's reading has them). Only for threads
+    /// that ended and were reported in full (a watch's cut): no program writes their entries
+    /// again, so nothing is lost, and a watch that runs for days on a server whose threads
+    /// come and go does not fill the maps (the next threads' accounts would be lost).
+    pub fn forget_thread_accounts(&mut self, ended: &Reaped) -> Result<()> {
+        if !ended.wakers.is_empty() {
+            let mut map: HashMap<_, WakerKey, WakerStats> =
+                HashMap::try_from(self.ebpf.map_mut("WAKERS").context("WAKERS map")?)?;
+            // A last run of waits never added to the map has no entry: nothing to take out.
+            for w in &ended.wakers {
+                let _ = map.remove(&w.kernel_key());
+            }
+        }
+        if !ended.migrations.is_empty() {
+            let mut map: HashMap<_, MigrationKey, u64> =
+                HashMap::try_from(self.ebpf.map_mut("MIGRATIONS").context("MIGRATIONS map")?)?;
+            for (k, _) in &ended.migrations {
+                let _ = map.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the tasks `exited` out of `PREEMPTORS`, each only if its entry still holds the
+    /// totals given with it (wait, slices: what was reported of it), and returns those taken
+    /// out, as read: one charged after the window's reading, before it exited, is reported
+    /// first.
+    pub fn forget_preemptors(&mut self, exited: &[(u32, (u64, u64))]) -> Result<Vec<Preemptor>> {
+        let mut map: HashMap<_, u32, Preemptor> =
+            HashMap::try_from(self.ebpf.map_mut("PREEMPTORS").context("PREEMPTORS map")?)?;
+        let mut out = Vec::new();
+        for &(pid, (wait_ns, slices)) in exited {
+            if let Ok(p) = map.get(&pid, 0)
+                && (p.wait_ns, p.slices) == (wait_ns, slices)
+                && map.remove(&pid).is_ok()
+            {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes out of `WAKERS` the entries `quiet` (keys as `WakerRecord::key` gives them, with
+    /// what was reported of each: blocked time, count), whose wakers have exited, and returns
+    /// those taken out, as read. An entry is left where it holds more than was reported, or where its
+    /// thread's run of waits not yet added (`ThreadStats::run`) is that waker's: the run would
+    /// be added to the entry as it was being taken out. Otherwise nothing writes it again: its
+    /// waker, gone, ends no more waits.
+    pub fn forget_wakers(
+        &mut self,
+        quiet: &BTreeMap<WakerKeyOf, (u64, u64)>,
+    ) -> Result<Vec<WakerRecord>> {
+        let mut out = Vec::new();
+        for (&key, &reported) in quiet {
+            let k = crate::recording::wakers::kernel_key(key);
+            // The run first, the entry after: once the run is another waker's, the exited
+            // waker's entry has no writer left, so the value read next is the one taken out.
+            if self.run_waker(k.tid) == Some(k.waker_tid) {
+                continue;
+            }
+            let mut map: HashMap<_, WakerKey, WakerStats> =
+                HashMap::try_from(self.ebpf.map_mut("WAKERS").context("WAKERS map")?)?;
+            let Ok(v) = map.get(&k, 0) else { continue };
+            if (v.blocked_ns, v.count) == reported && map.remove(&k).is_ok() {
+                out.push(WakerRecord::from_kernel(&k, &v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The waker of thread `tid`'s run of waits not yet added to `WAKERS`; None where the
+    /// thread has no entry.
+    fn run_waker(&mut self, tid: u32) -> Option<u32> {
+        if let Some(w) = self.slots.run_waker(tid) {
+            return Some(w);
+        }
+        let map = self.threads_map().ok()?;
+        map.get(&tid, 0).ok().map(|t| t.run.waker_tid)
     }
 
     /// The programs' count in `slot` of `COUNTERS` (a `Counter`), summed over the CPUs: one

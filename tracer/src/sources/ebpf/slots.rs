@@ -103,6 +103,19 @@ impl ThreadSlots {
     }
 }
 
+impl ThreadSlots {
+    /// The waker of the run of waits thread `tid` has not yet added to `WAKERS`, if the thread
+    /// holds its slot (`count` is a power of two: the kernel side masks the TID).
+    pub fn run_waker(&self, tid: u32) -> Option<u32> {
+        let p = self.slot(tid as usize & (self.count - 1));
+        // SAFETY: inside the mapping (masked); volatile, since the kernel writes it.
+        unsafe {
+            (std::ptr::read_volatile(&raw const (*p).tid) == tid)
+                .then(|| std::ptr::read_volatile(&raw const (*p).run.waker_tid))
+        }
+    }
+}
+
 fn bytes(t: &ThreadStats) -> &[u8] {
     // SAFETY: ThreadStats is plain old data with explicit padding (tracer-common), so every
     // byte of it is initialized.
