@@ -395,8 +395,9 @@ fn the_report_page_answers_in_a_real_browser() {
     assert!(
         shown,
         "clicking a tail request shows no decomposition: clicked {tried:?}, the page got {}, \
-         script errors {:?}",
+         its handler found {}, script errors {:?}",
         eval(&tab, "JSON.stringify(seenClicks)"),
+        eval(&tab, "JSON.stringify(tracerPage.lastPick || null)"),
         errors.lock().unwrap()
     );
     let parts: Vec<f64> = serde_json::from_str(
