@@ -339,12 +339,11 @@ fn the_report_page_answers_in_a_real_browser() {
         (whole.as_f64().unwrap() - dur).abs() < 1e-6,
         "reset: {whole}"
     );
-    // A click on the first tail request's point. The renderer handles it after the protocol
-    // call returns, and on a loaded machine a click can land before the page has settled
-    // (once in 20 runs beside two busy loops; once in a CI run and once in 12 runs beside one
-    // busy loop, all three tries then): three tries, each scrolling the chart into view and
-    // waiting for two frames before it reads the point's position and clicks there; a page
-    // whose clicks do nothing fails all three. Every click the page gets is kept, for the
+    // A click on the first tail request's point. Two CI runs failed here, all three tries:
+    // the point was drawn at the plot's right edge, where uPlot swallowed the click as a
+    // drag's end (the page's fix, and the edge check below). Still three tries, each
+    // scrolling the chart into view and waiting for two frames before it reads the point's
+    // position and clicks there; a page whose clicks do nothing fails all three. Every click the page gets is kept, for the
     // message.
     eval(
         &tab,
@@ -421,6 +420,38 @@ fn the_report_page_answers_in_a_real_browser() {
         "parts {parts:?} sum {sum} vs wall {wall}"
     );
     screenshot(&tab, "html-demo-request.png");
+
+    // A click 0.25 px inside the latency plot's right edge, where the window's last requests
+    // are drawn, reaches the page's handler: uPlot took its press and release there for a
+    // drag's and swallowed the click (a CI run: the first tail request was drawn there).
+    eval(
+        &tab,
+        "tracerPage.lastPick = null; document.getElementById('latency').scrollIntoView({block: 'center'})",
+    );
+    settle(&tab);
+    let r: Vec<f64> = serde_json::from_str(
+        eval(
+            &tab,
+            "JSON.stringify((() => { const r = document.querySelector('#latency .u-over').getBoundingClientRect(); \
+             return [r.right, r.top + r.height / 2]; })())",
+        )
+        .as_str()
+        .unwrap(),
+    )
+    .unwrap();
+    tab.click_point(Point {
+        x: r[0] - 0.25,
+        y: r[1],
+    })
+    .unwrap();
+    settle(&tab);
+    let pick = eval(&tab, "JSON.stringify(tracerPage.lastPick)");
+    assert_ne!(
+        pick.as_str(),
+        Some("null"),
+        "a click at the plot's right edge ({r:?}) ran no handler; the page got {}",
+        eval(&tab, "JSON.stringify(seenClicks.slice(-1))")
+    );
 
     // Narrow and wide windows: still no sideways scrolling, the headline still first.
     for (w, h) in [(800, 900), (2560, 1300)] {

@@ -102,11 +102,23 @@
     // own would go to the chart's data, which for requests starts at the first one).
     opts.scales = Object.assign({ x: { time: false, auto: false, min: 0, max: DUR, range: (u, min, max) => [min, max] } }, opts.scales || {});
     const reset = (u) => () => { charts.forEach((c) => c.setScale("x", { min: 0, max: DUR })); return null; };
-    opts.cursor = Object.assign({ sync: { key: "tracer" }, drag: { x: true, y: false }, bind: { dblclick: reset } }, opts.cursor || {});
+    // uPlot swallows a click whose press and release it placed apart, as the end of a drag
+    // (`drag.click`); at the plot's right edge it could place them apart, and a click on a
+    // request drawn there did nothing (the browser test's click reached u-over, and no handler
+    // ran). Here a drag is a move of more than 3 px between the press and the click.
+    let down = null;
+    const click = (u, e) => {
+      if (!down || Math.abs(e.clientX - down[0]) > 3 || Math.abs(e.clientY - down[1]) > 3) {
+        e.stopPropagation();
+        e.stopImmediatePropagation();
+      }
+    };
+    opts.cursor = Object.assign({ sync: { key: "tracer" }, drag: { x: true, y: false, click }, bind: { dblclick: reset } }, opts.cursor || {});
     opts.hooks = opts.hooks || {};
     opts.hooks.setScale = [onScale];
     opts.axes[0] = Object.assign(xAxis(), opts.axes[0] || {});
     const u = new uPlot(opts, data, target);
+    u.over.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; });
     charts.push(u);
     u.setScale("x", { min: 0, max: DUR });
     return u;
