@@ -160,3 +160,20 @@ pub fn two_ranks() -> Recording {
     });
     rec
 }
+
+/// `tid`'s waits that thread 9 ended in system call 202 (futex): one, of `blocked_ns`.
+pub fn waker(tid: u32, blocked_ns: u64) -> crate::recording::wakers::WakerRecord {
+    crate::recording::wakers::WakerRecord {
+        tid,
+        waker_tid: 9,
+        waker_tgid: 9,
+        waker_comm: "w".into(),
+        kernel_thread: false,
+        timer: false,
+        syscall: Some(202),
+        blocked_ns,
+        count: 1,
+        max_ns: blocked_ns,
+        hist: vec![0, 1],
+    }
+}

@@ -205,8 +205,9 @@ impl Reported {
     }
 
     /// Forgets what was reported of the blocked time, the moves and the waiting caused of
-    /// threads `gone`, whose kernel entries were taken out (`SchedProbes::forget_thread_accounts`): an entry made
-    /// again under one of their TIDs (a new thread) counts from 0.
+    /// threads `gone`, whose kernel entries were taken out
+    /// (`SchedProbes::forget_thread_accounts`): an entry made again under one of their TIDs (a
+    /// new thread) counts from 0.
     pub fn forget_thread_accounts(&mut self, gone: &std::collections::BTreeSet<u32>) {
         self.wakers.retain(|k, _| !gone.contains(&k.0));
         self.routes.retain(|k, _| !gone.contains(&k.0));
@@ -251,8 +252,7 @@ impl Reported {
     /// The tasks reported in an earlier window that did not run while target threads waited
     /// in `window` (a window `take` made: it lists only those that did), but for the idle
     /// task and the target's threads: the ones whose kernel entries may be taken out once
-    /// they have exited.
-    /// Each with the totals reported of it (wait, slices).
+    /// they have exited. Each with the totals reported of it (wait, slices).
     pub fn quiet_preemptors(&self, window: &Recording) -> Vec<(u32, (u64, u64))> {
         let active: std::collections::BTreeSet<(u32, u32)> =
             window.preemptors.iter().map(|p| (p.pid, p.tgid)).collect();
@@ -649,19 +649,7 @@ mod tests {
     /// is offered for removal only while quiet, with what was reported of it.
     #[test]
     fn forgotten_accounts_count_afresh() {
-        let waker = |tid, blocked_ns| WakerRecord {
-            tid,
-            waker_tid: 9,
-            waker_tgid: 9,
-            waker_comm: "w".into(),
-            kernel_thread: false,
-            timer: false,
-            syscall: None,
-            blocked_ns,
-            count: 1,
-            max_ns: blocked_ns,
-            hist: vec![0; 4],
-        };
+        let waker = crate::recording::testutil::waker;
         let route = |tid, count| MigrationRoute {
             tid,
             from_cpu: 0,

@@ -15,6 +15,7 @@ use crate::{
         comm_string,
         counters::CounterTotals,
         gpu::GpuRecording,
+        wakers::WakerRecord,
     },
     sources::{
         cgroup::{cgroup2_of, cgroup2_paths},
@@ -142,7 +143,7 @@ pub struct Kernel {
     cuda: BTreeMap<u32, CudaTotals>,
     preemptors: Vec<Preemptor>,
     migrations: Vec<(tracer_common::MigrationKey, u64)>,
-    wakers: Vec<crate::recording::wakers::WakerRecord>,
+    wakers: Vec<WakerRecord>,
     losses: crate::recording::Losses,
     forked: Vec<Forked>,
 }
@@ -219,20 +220,16 @@ impl Kernel {
 
     /// The processes with a thread the reading shows alive.
     pub fn live_processes(&self) -> std::collections::BTreeSet<u32> {
-        self.threads
-            .iter()
-            .filter(|t| t.state != tracer_common::ThreadState::Dead as u32)
-            .map(|t| t.tgid)
-            .collect()
+        self.alive().map(|t| t.tgid).collect()
     }
 
     /// The threads the reading shows alive.
     pub fn live_threads(&self) -> std::collections::BTreeSet<u32> {
-        self.threads
-            .iter()
-            .filter(|t| t.state != tracer_common::ThreadState::Dead as u32)
-            .map(|t| t.tid)
-            .collect()
+        self.alive().map(|t| t.tid).collect()
+    }
+
+    fn alive(&self) -> impl Iterator<Item = &ThreadStats> {
+        (self.threads.iter()).filter(|t| t.state != tracer_common::ThreadState::Dead as u32)
     }
 
     /// With the accounts of threads and processes the windows' cuts took out (`Windows`): the
@@ -248,53 +245,47 @@ impl Kernel {
         self.cuda
             .extend(r.cuda.iter().map(|(tid, c)| (*tid, CudaTotals::from(c))));
         // Accounts taken out of the maps: a key made again since adds to what it had.
-        let mut at: HashMap<u32, usize> = (self.preemptors.iter().enumerate())
-            .map(|(i, p)| (p.pid, i))
-            .collect();
-        for p in r.preemptors {
-            match at.get(&p.pid) {
-                Some(&i) => {
-                    self.preemptors[i].wait_ns += p.wait_ns;
-                    self.preemptors[i].slices += p.slices;
-                }
-                None => {
-                    at.insert(p.pid, self.preemptors.len());
-                    self.preemptors.push(p);
-                }
-            }
-        }
-        let mut routes: BTreeMap<_, u64> = std::mem::take(&mut self.migrations)
-            .into_iter()
-            .map(|(k, n)| ((k.tid, k.from_cpu, k.to_cpu), n))
-            .collect();
-        for (k, n) in r.migrations {
-            *routes.entry((k.tid, k.from_cpu, k.to_cpu)).or_default() += n;
-        }
-        self.migrations = routes
-            .into_iter()
-            .map(|((tid, from_cpu, to_cpu), n)| {
-                let key = tracer_common::MigrationKey {
-                    tid,
-                    from_cpu,
-                    to_cpu,
-                    _pad: 0,
-                };
-                (key, n)
-            })
-            .collect();
-        let mut at: HashMap<_, usize> = (self.wakers.iter().enumerate())
-            .map(|(i, w)| (w.key(), i))
-            .collect();
-        for w in r.wakers {
-            match at.get(&w.key()) {
-                Some(&i) => self.wakers[i].merge(&w),
-                None => {
-                    at.insert(w.key(), self.wakers.len());
-                    self.wakers.push(w);
-                }
-            }
-        }
+        merge_by(
+            &mut self.preemptors,
+            r.preemptors,
+            |p| p.pid,
+            |a, b| {
+                a.wait_ns += b.wait_ns;
+                a.slices += b.slices;
+            },
+        );
+        merge_by(
+            &mut self.migrations,
+            r.migrations,
+            |m| m.0,
+            |a, b| a.1 += b.1,
+        );
+        merge_by(
+            &mut self.wakers,
+            r.wakers,
+            WakerRecord::key,
+            WakerRecord::merge,
+        );
         self
+    }
+}
+
+/// Adds each of `more` to the entry of `into` with the same key, else appends it.
+fn merge_by<T, K: std::hash::Hash + Eq>(
+    into: &mut Vec<T>,
+    more: Vec<T>,
+    key: impl Fn(&T) -> K,
+    add: impl Fn(&mut T, &T),
+) {
+    let mut at: HashMap<K, usize> = into.iter().enumerate().map(|(i, t)| (key(t), i)).collect();
+    for t in more {
+        match at.get(&key(&t)) {
+            Some(&i) => add(&mut into[i], &t),
+            None => {
+                at.insert(key(&t), into.len());
+                into.push(t);
+            }
+        }
     }
 }
 
@@ -550,19 +541,7 @@ mod tests {
     /// key made again since holds.
     #[test]
     fn accounts_taken_out_add_to_the_whole_run() {
-        let waker = |tid, blocked_ns| crate::recording::wakers::WakerRecord {
-            tid,
-            waker_tid: 9,
-            waker_tgid: 9,
-            waker_comm: "w".into(),
-            kernel_thread: false,
-            timer: false,
-            syscall: Some(202),
-            blocked_ns,
-            count: 1,
-            max_ns: blocked_ns,
-            hist: vec![0, 1],
-        };
+        let waker = crate::recording::testutil::waker;
         let route = |tid, to_cpu| tracer_common::MigrationKey {
             tid,
             from_cpu: 0,

@@ -255,10 +255,10 @@ impl SchedProbes {
 
     /// Takes out of `WAKERS` the entries `quiet` (keys as `WakerRecord::key` gives them, with
     /// what was reported of each: blocked time, count), whose wakers have exited, and returns
-    /// those taken out, as read. An entry is left where it holds more than was reported, or where its
-    /// thread's run of waits not yet added (`ThreadStats::run`) is that waker's: the run would
-    /// be added to the entry as it was being taken out. Otherwise nothing writes it again: its
-    /// waker, gone, ends no more waits.
+    /// those taken out, as read. An entry is left where it holds more than was reported, or
+    /// where its thread's run of waits not yet added (`ThreadStats::run`) is that waker's: the
+    /// run would be added to the entry as it was being taken out. Otherwise nothing writes it
+    /// again: its waker, gone, ends no more waits.
     pub fn forget_wakers(
         &mut self,
         quiet: &BTreeMap<WakerKeyOf, (u64, u64)>,
